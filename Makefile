@@ -1,0 +1,37 @@
+# dflash-serve developer entry points. `make demo` and `make test` set up what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV      := .venv
+VENV033   := .venv-vllm033
+PY        := $(VENV)/bin/python
+PY033     := $(VENV033)/bin/python
+export PATH := $(CURDIR)/.cache/bin:$(PATH)
+
+.PHONY: help setup lint typecheck test test-fast test-vllm033 demo clean
+
+help: ## list targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+setup: ## create .venv, .venv-vllm033 and fetch helm/kubectl/prometheus (idempotent, cached)
+	@bash ops/setup/setup.sh all
+
+lint: setup ## ruff
+	@echo "==> ruff"
+	@t=$$SECONDS; $(VENV)/bin/ruff check service ops tests && $(VENV)/bin/ruff format --check service ops tests || exit 1; echo "==> ruff took $$((SECONDS - t)) s"
+
+typecheck: setup ## mypy (strict) on service/ and ops/
+	@echo "==> mypy"
+	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"
+
+test: lint typecheck ## lint, type checks, then the whole test suite in both environments
+	@echo "==> pytest (.venv: project, vLLM CPU engine, helm, prometheus)"
+	@t=$$SECONDS; $(PY) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 1 took $$((SECONDS - t)) s"
+	@echo "==> pytest (.venv-vllm033: tests against the exact vllm==0.33.0 sources)"
+	@t=$$SECONDS; $(PY033) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 2 took $$((SECONDS - t)) s"
+
+demo: setup ## the main job: local stack + benchmark (until that lands: the deployment plan)
+	@$(VENV)/bin/dflash-serve --help
+
+clean: ## remove virtualenvs and caches
+	rm -rf $(VENV) $(VENV033) .cache .pytest_cache .mypy_cache .ruff_cache

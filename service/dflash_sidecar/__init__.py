@@ -1,0 +1,1 @@
+"""dflash-serve sidecar: engine health and speculative-decoding metrics next to vLLM."""
