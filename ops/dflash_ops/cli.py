@@ -11,12 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dflash_ops import __version__
+from dflash_ops.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-class UserError(Exception):
-    """A mistake in the user's input: printed as one line, exit status 2, no traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +37,9 @@ def _subcommand_registrars() -> list[
 ]:
     # Imported lazily so `--help` and `--version` stay fast and a subcommand's heavy imports
     # (torch, vLLM) only happen when that subcommand runs.
-    return []
+    from dflash_ops import plan_command
+
+    return [plan_command.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

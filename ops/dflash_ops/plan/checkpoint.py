@@ -1,0 +1,108 @@
+"""The checkpoint fields the block-size rule depends on, read from a `config.json`."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from dflash_ops.errors import UserError
+
+SUPPORTED_MODEL_TYPES = ("qwen4_exp", "qwen4_exp_text")
+REFERENCE_CONFIG_NAME = "qwen3.8-flash-next.config.json"
+
+
+class HybridCheckpoint(BaseModel):
+    """Text-config fields of a Qwen4Exp checkpoint that size its KV and Mamba pages."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    model_type: str
+    architecture: str
+    dtype: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    layer_types: tuple[str, ...]
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    mamba_ssm_dtype: str
+    indexer_compress_ratio: int
+    ple_layer_ids: tuple[int, ...]
+    ple_conv_kernel_size: int
+    ngram_size: int
+    hc_count: int
+    num_experts: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    vocab_size: int
+
+    @property
+    def num_attention_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "full_attention")
+
+    @property
+    def num_linear_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "linear_attention")
+
+
+_REQUIRED = [
+    name for name in HybridCheckpoint.model_fields if name not in {"source", "architecture"}
+]
+
+
+def reference_config_path() -> Path:
+    return Path(str(resources.files("dflash_ops.data") / REFERENCE_CONFIG_NAME))
+
+
+def resolve_config_path(path: str | Path | None) -> Path:
+    if path is None:
+        return reference_config_path()
+    candidate = Path(path)
+    if candidate.is_dir():
+        candidate = candidate / "config.json"
+    if not candidate.is_file():
+        raise UserError(
+            f"checkpoint config {str(path)!r} not found: pass a config.json or a "
+            "checkpoint directory that contains one"
+        )
+    return candidate
+
+
+def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
+    """Read and validate a checkpoint config; the bundled reference when `path` is None."""
+    config_path = resolve_config_path(path)
+    try:
+        raw: dict[str, Any] = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{config_path} is not valid JSON: {err}") from err
+    text: dict[str, Any] = raw.get("text_config", raw)
+    model_type = text.get("model_type", raw.get("model_type"))
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"{config_path}: model_type {model_type!r} is not supported by the planner "
+            f"(known: {', '.join(SUPPORTED_MODEL_TYPES)}); it plans Qwen4Exp hybrid checkpoints"
+        )
+    missing = [name for name in _REQUIRED if name not in text and name != "model_type"]
+    if missing:
+        raise UserError(
+            f"{config_path}: text config is missing field(s) the block-size rule needs: "
+            f"{', '.join(missing)}"
+        )
+    architectures = raw.get("architectures") or ["Qwen4ExpForConditionalGeneration"]
+    fields = {name: text[name] for name in _REQUIRED if name != "model_type"}
+    return HybridCheckpoint(
+        source=str(config_path),
+        model_type=str(model_type),
+        architecture=str(architectures[0]),
+        **fields,
+    )

@@ -1,0 +1,113 @@
+"""Planner facade and CLI: inputs, errors, output formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from dflash_ops.cli import main
+from dflash_ops.errors import UserError
+from dflash_ops.plan.checkpoint import load_checkpoint, reference_config_path
+from dflash_ops.plan.planner import make_plan, parse_k
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_parse_k_accepts_values_and_ranges() -> None:
+    assert parse_k("7") == [7]
+    assert parse_k("4-8") == [4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("bad", ["x", "8-4", "16", "-1", "3-99"])
+def test_parse_k_rejects_bad_values(bad: str) -> None:
+    with pytest.raises(UserError, match="--k"):
+        parse_k(bad)
+
+
+def test_json_names_recommended_block_size_per_k(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--gpu", "a100", "--tp", "2", "--k", "4-8", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["recommended_block_size"] == {"4": 1616, "5": 1632, "6": 1632, "7": 1680, "8": 1680}
+    assert [p["ring_capacity"] for p in data["plans"]] == [8, 12, 12, 12, 12]
+    assert "--block-size" in data["vllm_args"]["7"]
+    assert data["vllm_args"]["7"][data["vllm_args"]["7"].index("--block-size") + 1] == "1680"
+    assert "estimate" in data["kv_cache"]["7"]["note"]
+
+
+def test_table_shows_terms_and_args(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--k", "4-8")
+    assert code == 0
+    assert "QSA ring capacity" in out and "kernel alignment" in out
+    assert "--block-size 1680" in out and "--mamba-cache-mode align" in out
+
+
+def test_helm_values_snippet_is_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--gpu", "h100", "--k", "7", "--format", "helm-values")
+    assert code == 0
+    values = yaml.safe_load(out)
+    assert values["blockSize"] == values["blockSizeTable"]["h100"]["tp2"]["7"]
+    assert values["speculative"]["numSpeculativeTokens"] == 7
+
+
+def test_method_off_plans_k0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--method", "off", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert list(data["recommended_block_size"]) == ["0"]
+    assert "--speculative-config" not in data["vllm_args"]["0"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tp", "3"], "--tp 3 does not divide linear_num_key_heads=16"),
+        (["--k", "20"], "--k '20'"),
+        (["--config", "/nonexistent"], "not found"),
+        (["--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+    ],
+)
+def test_bad_input_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_unknown_model_type_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UserError, match="model_type 'llama' is not supported"):
+        load_checkpoint(tmp_path)
+
+
+def test_missing_field_is_named(tmp_path: Path) -> None:
+    config = json.loads(reference_config_path().read_text())
+    del config["text_config"]["indexer_compress_ratio"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="indexer_compress_ratio"):
+        load_checkpoint(tmp_path / "config.json")
+
+
+def test_engine_auto_falls_back_to_closed_form_without_vllm_033() -> None:
+    plan = make_plan(load_checkpoint(), gpu="a100", tp=2, ks=[7])
+    assert plan.engine == "closed-form"
+
+
+def test_explicit_vllm_engine_without_vllm_033_fails_clearly() -> None:
+    with pytest.raises(UserError, match=r"vllm==0\.33\.0"):
+        make_plan(load_checkpoint(), gpu="a100", tp=2, ks=[7], engine="vllm")
+
+
+def test_draft_weights_reduce_the_kv_estimate() -> None:
+    ckpt = load_checkpoint()
+    dflash = make_plan(ckpt, gpu="a100", tp=2, ks=[7], method="dflash", draft_weights_gib=2.0)
+    ngram = make_plan(ckpt, gpu="a100", tp=2, ks=[7], method="ngram")
+    assert dflash.kv_cache[7].kv_cache_tokens < ngram.kv_cache[7].kv_cache_tokens
