@@ -18,7 +18,7 @@ setup: ## create .venv, .venv-vllm033 and fetch helm/kubectl/prometheus (idempot
 
 lint: setup ## ruff
 	@echo "==> ruff"
-	@t=$$SECONDS; $(VENV)/bin/ruff check service ops tests && $(VENV)/bin/ruff format --check service ops tests || exit 1; echo "==> ruff took $$((SECONDS - t)) s"
+	@t=$$SECONDS; $(VENV)/bin/ruff check service ops patches tests && $(VENV)/bin/ruff format --check service ops patches tests || exit 1; echo "==> ruff took $$((SECONDS - t)) s"
 
 typecheck: setup ## mypy (strict) on service/ and ops/
 	@echo "==> mypy"

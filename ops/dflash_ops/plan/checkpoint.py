@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict
 from dflash_ops.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("qwen4_exp", "qwen4_exp_text")
+# Released configs say `full_attention`; Transformers >= 5.18 rewrites QSA layers to
+# `indexed_attention` (older: `qwen_sparse_attention`).
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "indexed_attention", "qwen_sparse_attention"})
 REFERENCE_CONFIG_NAME = "qwen3.8-flash-next.config.json"
 
 
@@ -48,7 +51,11 @@ class HybridCheckpoint(BaseModel):
 
     @property
     def num_attention_layers(self) -> int:
-        return sum(1 for t in self.layer_types if t == "full_attention")
+        return sum(1 for t in self.layer_types if t in ATTENTION_LAYER_TYPES)
+
+    @property
+    def attention_layer_ids(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t in ATTENTION_LAYER_TYPES]
 
     @property
     def num_linear_layers(self) -> int:

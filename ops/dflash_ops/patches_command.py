@@ -1,0 +1,89 @@
+"""`dflash-serve patches check|apply|revert`: the vLLM 0.33.0 patch series."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dflash_ops.errors import UserError
+
+
+def default_site_packages() -> Path | None:
+    """The site-packages holding the importable `vllm`, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent.parent
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "patches",
+        help="check, apply or revert the vLLM 0.33.0 patch series",
+        description=(
+            "Apply the dflash-serve patch series to an installed vllm==0.33.0. Refuses any other "
+            "version, names the file and hunk that does not apply, and is idempotent."
+        ),
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in (
+        ("check", "report each patch's state; fail if a pending patch would not apply"),
+        ("apply", "apply every pending patch (all or nothing)"),
+        ("revert", "restore the original vLLM files byte for byte"),
+    ):
+        sub = actions.add_parser(name, help=text, description=text)
+        sub.add_argument(
+            "--site-packages",
+            type=Path,
+            help="directory that contains vllm/ (default: where the importable vllm lives)",
+        )
+        sub.add_argument("--series-dir", type=Path, help="patches/ directory (default: bundled)")
+        sub.add_argument("--format", choices=["text", "json"], default="text")
+        if name == "check":
+            sub.add_argument(
+                "--require-applied",
+                action="store_true",
+                help="exit 1 unless every patch is applied (image self check)",
+            )
+        sub.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_patches import series
+
+    site_packages = args.site_packages or default_site_packages()
+    if site_packages is None:
+        raise UserError("vllm is not importable here: pass --site-packages DIR")
+    series_dir = args.series_dir or series.SERIES_DIR
+    try:
+        if args.action == "check":
+            states = series.check(site_packages, series_dir)
+            applied = all(s.state == series.PatchState.APPLIED for s in states)
+            if args.format == "json":
+                print(json.dumps([s.model_dump(mode="json") for s in states], indent=2))
+            else:
+                for s in states:
+                    print(f"{s.file}: {s.state.value}")
+            if args.require_applied and not applied:
+                print("error: the patch series is not fully applied", file=sys.stderr)
+                return 1
+            return 0
+        done = (series.apply if args.action == "apply" else series.revert)(
+            site_packages, series_dir
+        )
+    except series.PatchError as err:
+        print(f"dflash-serve patches {args.action}: error: {err}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        print(json.dumps(done, indent=2))
+    else:
+        print("\n".join(done))
+    manifest = series.load_manifest(series_dir)
+    print(
+        f"series {manifest.series_sha256[:16]} for vllm=={manifest.vllm_version} in {site_packages}"
+    )
+    return 0

