@@ -1,0 +1,60 @@
+"""The sidecar's FastAPI app: liveness, readiness, Prometheus metrics and JSON stats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from dflash_sidecar.engine_monitor import EngineMonitor
+from dflash_sidecar.events import VerdictEvents
+from dflash_sidecar.metrics import build_registry
+from dflash_sidecar.models import Readiness, StatsResponse
+from dflash_sidecar.settings import SidecarSettings
+
+
+def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) -> FastAPI:
+    """The app owns its monitor; the monitor's loop runs for the app's lifetime."""
+    monitor = monitor or EngineMonitor(settings)
+    if settings.kubernetes_events:
+        assert settings.pod_name and settings.pod_namespace
+        monitor.verdict_listeners.append(VerdictEvents(settings.pod_name, settings.pod_namespace))
+    registry = build_registry(monitor)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(monitor.run_forever(), name="engine-monitor")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await monitor.aclose()
+
+    app = FastAPI(title="dflash-serve sidecar", lifespan=lifespan)
+    app.state.monitor = monitor
+    app.state.settings = settings
+
+    @app.get("/livez")
+    async def livez() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz", response_model=Readiness)
+    async def readyz() -> JSONResponse:
+        readiness = monitor.readiness()
+        return JSONResponse(readiness.model_dump(), status_code=200 if readiness.ready else 503)
+
+    @app.get("/stats", response_model=StatsResponse)
+    async def stats() -> StatsResponse:
+        return monitor.stats()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,132 @@
+"""The sidecar's own Prometheus series (prefix `dflash_`), built from the monitor on scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dflash_sidecar.engine_monitor import EngineMonitor
+from dflash_sidecar.models import WindowStats
+from dflash_sidecar.verdict import VERDICT_CODES, Verdict
+
+
+class SidecarCollector(Collector):
+    def __init__(self, monitor: EngineMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        monitor = self.monitor
+        stats = monitor.stats()
+        readiness = monitor.readiness()
+        labels = ["window", "model_name", "engine"]
+        mal = GaugeMetricFamily(
+            "dflash_mean_acceptance_length",
+            "Mean acceptance length 1 + accepted / drafts over the window.",
+            labels=labels,
+        )
+        rate = GaugeMetricFamily(
+            "dflash_draft_acceptance_rate",
+            "Drafted-token acceptance rate accepted / draft_tokens over the window.",
+            labels=labels,
+        )
+        position = GaugeMetricFamily(
+            "dflash_position_acceptance_rate",
+            "Acceptance at draft position i: accepted_per_pos[i] / drafts over the window.",
+            labels=[*labels, "position"],
+        )
+        tokens = GaugeMetricFamily(
+            "dflash_output_tokens_per_second",
+            "Generated tokens per second over the window.",
+            labels=labels,
+        )
+        drafts = GaugeMetricFamily(
+            "dflash_drafts_per_second",
+            "Speculative drafts per second over the window.",
+            labels=labels,
+        )
+        verdict = GaugeMetricFamily(
+            "dflash_acceptance_verdict",
+            "1 for the current verdict on the acceptance curve "
+            "(healthy, degraded, collapsed, no-data).",
+            labels=[*labels, "verdict"],
+        )
+        verdict_code = GaugeMetricFamily(
+            "dflash_acceptance_verdict_code",
+            "Verdict as a number: -1 no-data, 0 healthy, 1 degraded, 2 collapsed.",
+            labels=labels,
+        )
+
+        def add(window: str, model: str, engine: str, ws: WindowStats) -> None:
+            values = [window, model, engine]
+            if ws.mean_acceptance_length is not None:
+                mal.add_metric(values, ws.mean_acceptance_length)
+            if ws.draft_acceptance_rate is not None:
+                rate.add_metric(values, ws.draft_acceptance_rate)
+            for i, value in enumerate(ws.per_position_acceptance):
+                position.add_metric([*values, str(i)], value)
+            if ws.output_tokens_per_s is not None:
+                tokens.add_metric(values, ws.output_tokens_per_s)
+            if ws.drafts_per_s is not None:
+                drafts.add_metric(values, ws.drafts_per_s)
+            for v in Verdict:
+                verdict.add_metric([*values, v.value], 1.0 if v == ws.verdict else 0.0)
+            verdict_code.add_metric(values, VERDICT_CODES[ws.verdict])
+
+        for series in stats.series:
+            model = series.labels.get("model_name", "")
+            engine = series.labels.get("engine", "")
+            for window, ws in series.windows.items():
+                add(window, model, engine, ws)
+        yield from (mal, rate, position, tokens, drafts, verdict, verdict_code)
+
+        ready = GaugeMetricFamily(
+            "dflash_engine_ready", "1 when the sidecar finds the engine ready."
+        )
+        ready.add_metric([], 1.0 if readiness.ready else 0.0)
+        up = GaugeMetricFamily("dflash_engine_up", "1 when the engine's /health answered 200.")
+        up.add_metric([], 1.0 if monitor.probe.health_ok else 0.0)
+        yield ready
+        yield up
+        scrapes = CounterMetricFamily("dflash_scrapes", "Engine /metrics scrapes parsed.")
+        scrapes.add_metric([], monitor.scrapes.ok)
+        yield scrapes
+        errors = CounterMetricFamily(
+            "dflash_scrape_errors", "Failed engine probes by kind.", labels=["kind"]
+        )
+        for kind in ("connect", "timeout", "http_status", "not_vllm_metrics", "canary", "internal"):
+            errors.add_metric([kind], monitor.scrapes.errors.get(kind, 0))
+        yield errors
+        parse = CounterMetricFamily("dflash_parse_errors", "Malformed lines in engine /metrics.")
+        parse.add_metric([], monitor.scrapes.parse_errors)
+        yield parse
+        resets = CounterMetricFamily(
+            "dflash_counter_resets",
+            "Engine counter resets seen (engine restarts); each restarts the windows.",
+            labels=["model_name", "engine"],
+        )
+        for series in stats.series:
+            resets.add_metric(
+                [series.labels.get("model_name", ""), series.labels.get("engine", "")],
+                series.counter_resets,
+            )
+        yield resets
+        dropped = CounterMetricFamily(
+            "dflash_dropped_series", "Scrapes of label sets beyond max_series, not tracked."
+        )
+        dropped.add_metric([], monitor.dropped_series)
+        yield dropped
+        durations = monitor.scrapes.durations
+        last = GaugeMetricFamily(
+            "dflash_scrape_duration_seconds", "Duration of the last engine probe cycle."
+        )
+        last.add_metric([], durations[-1] if durations else 0.0)
+        yield last
+
+
+def build_registry(monitor: EngineMonitor) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(monitor))
+    return registry

@@ -1,0 +1,48 @@
+"""The sidecar's JSON payloads."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dflash_sidecar.verdict import Verdict
+
+
+class Readiness(BaseModel):
+    ready: bool
+    reason: str
+    checks: dict[str, bool] = Field(default_factory=dict)
+
+
+class WindowStats(BaseModel):
+    window_seconds: float
+    span_seconds: float | None = Field(description="time the window's data really covers")
+    drafts: float
+    mean_acceptance_length: float | None
+    draft_acceptance_rate: float | None
+    per_position_acceptance: list[float]
+    output_tokens_per_s: float | None
+    drafts_per_s: float | None
+    verdict: Verdict
+    verdict_reason: str
+
+
+class SeriesStats(BaseModel):
+    labels: dict[str, str]
+    windows: dict[str, WindowStats]
+    counter_resets: int
+
+
+class ScrapeHealth(BaseModel):
+    scrapes_ok: int
+    scrape_errors: dict[str, int]
+    parse_errors: int
+    last_error: str | None
+    last_scrape_age_s: float | None
+
+
+class StatsResponse(BaseModel):
+    ready: bool
+    reason: str
+    windows: dict[str, WindowStats] = Field(description="all series together")
+    series: list[SeriesStats]
+    scrape: ScrapeHealth

@@ -1,0 +1,76 @@
+"""A verdict on the acceptance curve: healthy smooth decay, degraded, or collapsed.
+
+Wrong captured target features (the failure the patch series fixes) show as a mean acceptance
+length near 1 and almost nothing accepted at position 0. The thresholds are settings; the
+defaults suit a trained draft such as DFlash2 (mean acceptance length about 4 at block 8).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Verdict(StrEnum):
+    NO_DATA = "no-data"
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    COLLAPSED = "collapsed"
+
+
+VERDICT_CODES = {Verdict.NO_DATA: -1, Verdict.HEALTHY: 0, Verdict.DEGRADED: 1, Verdict.COLLAPSED: 2}
+
+
+class VerdictThresholds(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    min_drafts: int = Field(
+        default=20, ge=1, description="fewer drafts in the window than this: no-data"
+    )
+    collapsed_mean_acceptance_length: float = Field(
+        default=1.2, gt=1.0, description="below this: collapsed"
+    )
+    collapsed_position0: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="position-0 acceptance below this: collapsed"
+    )
+    degraded_mean_acceptance_length: float = Field(
+        default=2.0, gt=1.0, description="below this: degraded"
+    )
+    degraded_position0: float = Field(
+        default=0.4, ge=0.0, le=1.0, description="position-0 acceptance below this: degraded"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> VerdictThresholds:
+        if self.collapsed_mean_acceptance_length > self.degraded_mean_acceptance_length:
+            raise ValueError(
+                "collapsed_mean_acceptance_length must not exceed degraded_mean_acceptance_length"
+            )
+        if self.collapsed_position0 > self.degraded_position0:
+            raise ValueError("collapsed_position0 must not exceed degraded_position0")
+        return self
+
+
+def judge(
+    drafts: float,
+    mean_acceptance_length: float | None,
+    per_position: list[float],
+    thresholds: VerdictThresholds,
+) -> tuple[Verdict, str]:
+    """The verdict and a one-line reason."""
+    if drafts < thresholds.min_drafts or mean_acceptance_length is None:
+        return Verdict.NO_DATA, f"{drafts:.0f} drafts in the window (< {thresholds.min_drafts})"
+    position0 = per_position[0] if per_position else 0.0
+    summary = f"mean acceptance length {mean_acceptance_length:.2f}, position 0 {position0:.2f}"
+    if (
+        mean_acceptance_length < thresholds.collapsed_mean_acceptance_length
+        or position0 < thresholds.collapsed_position0
+    ):
+        return Verdict.COLLAPSED, f"{summary}: the draft is almost never accepted"
+    if (
+        mean_acceptance_length < thresholds.degraded_mean_acceptance_length
+        or position0 < thresholds.degraded_position0
+    ):
+        return Verdict.DEGRADED, f"{summary}: below the degraded thresholds"
+    return Verdict.HEALTHY, summary

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from dflash_sidecar import exposition
+
+from tests.service.conftest import raw_counter
+
+KEY = (("engine", "0"), ("model_name", "tiny"))
+
+
+def test_reads_the_counters_of_a_real_vllm_exposition(after_text: str) -> None:
+    parsed = exposition.parse(after_text)
+    assert parsed.errors == []
+    assert list(parsed.series) == [KEY]
+    sample = parsed.series[KEY]
+    assert sample.has_spec_decode
+    assert sample.drafts == raw_counter(after_text, "vllm:spec_decode_num_drafts_total")
+    assert sample.accepted == raw_counter(after_text, "vllm:spec_decode_num_accepted_tokens_total")
+    assert sample.draft_tokens == raw_counter(after_text, "vllm:spec_decode_num_draft_tokens_total")
+    assert sample.generation_tokens == raw_counter(after_text, "vllm:generation_tokens_total")
+    positions = sorted(sample.accepted_per_pos)
+    assert positions == list(range(len(positions))) and positions
+    for i in positions:
+        assert sample.accepted_per_pos[i] == raw_counter(
+            after_text, "vllm:spec_decode_num_accepted_tokens_per_pos_total", i
+        )
+
+
+def test_malformed_lines_are_counted_not_fatal(after_text: str) -> None:
+    broken = after_text + (
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} banana\n'
+        "vllm:generation_tokens_total{engine=\n"
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} NaN\n'
+    )
+    parsed = exposition.parse(broken)
+    assert len(parsed.errors) == 3
+    # The good lines before the garbage still count.
+    assert parsed.series[KEY].drafts == raw_counter(after_text, "vllm:spec_decode_num_drafts_total")
+
+
+def test_a_page_that_is_not_vllm_metrics() -> None:
+    parsed = exposition.parse("<html><body>502 Bad Gateway</body></html>\n")
+    assert parsed.vllm_lines == 0 and parsed.series == {}
+
+
+def test_engines_and_models_are_kept_apart(after_text: str, before_text: str) -> None:
+    other = before_text.replace('model_name="tiny"', 'model_name="other"').replace(
+        'engine="0"', 'engine="1"'
+    )
+    parsed = exposition.parse(after_text + other)
+    assert set(parsed.series) == {KEY, (("engine", "1"), ("model_name", "other"))}
+    assert parsed.series[KEY].drafts == raw_counter(after_text, "vllm:spec_decode_num_drafts_total")
+    assert parsed.series[(("engine", "1"), ("model_name", "other"))].drafts == raw_counter(
+        before_text, "vllm:spec_decode_num_drafts_total"
+    )
+
+
+def test_server_without_speculative_metrics(after_text: str) -> None:
+    plain = "\n".join(x for x in after_text.splitlines() if "spec_decode" not in x)
+    parsed = exposition.parse(plain)
+    assert not parsed.series[KEY].has_spec_decode
+    assert parsed.series[KEY].generation_tokens > 0

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import pytest
+from dflash_sidecar.settings import from_env, parse_windows
+from pydantic import ValidationError
+
+
+def test_env_and_overrides() -> None:
+    settings = from_env(
+        {
+            "DFLASH_SIDECAR_ENGINE_URL": "http://127.0.0.1:8001",
+            "DFLASH_SIDECAR_WINDOWS": "30s,2m",
+            "DFLASH_SIDECAR_MIN_DRAFTS": "5",
+            "DFLASH_SIDECAR_VERDICT_WINDOW": "2m",
+            "HOME": "/root",
+        },
+        port=9200,
+    )
+    assert settings.engine_base == "http://127.0.0.1:8001"
+    assert settings.windows == {"30s": 30.0, "2m": 120.0}
+    assert settings.thresholds.min_drafts == 5 and settings.port == 9200
+    assert settings.window_capacity == 63
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DFLASH_SIDECAR_SCRAPE_INTERVAL_S": "-1"}, "greater than 0"),
+        ({"DFLASH_SIDECAR_ENGINE_URL": "not a url"}, "URL"),
+        ({"DFLASH_SIDECAR_VERDICT_WINDOW": "7m"}, "verdict_window '7m' is not one of the windows"),
+        ({"DFLASH_SIDECAR_KUBERNETES_EVENTS": "true"}, "needs pod_name and pod_namespace"),
+        ({"DFLASH_SIDECAR_SCRAPE_TIMEOUT_S": "10"}, "must be below twice"),
+    ],
+)
+def test_bad_settings_name_the_value(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        from_env(env)
+
+
+def test_unknown_variable_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown setting DFLASH_SIDECAR_SCRAPE_INTERVL"):
+        from_env({"DFLASH_SIDECAR_SCRAPE_INTERVL": "2"})
+
+
+def test_bad_window_text() -> None:
+    with pytest.raises(ValueError, match="window '5x'"):
+        parse_windows("1m,5x")
