@@ -8,7 +8,7 @@ PY        := $(VENV)/bin/python
 PY033     := $(VENV033)/bin/python
 export PATH := $(CURDIR)/.cache/bin:$(PATH)
 
-.PHONY: help setup lint typecheck test test-fast test-vllm033 demo clean
+.PHONY: help setup lint typecheck test demo demo-down clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -30,8 +30,14 @@ test: lint typecheck ## lint, type checks, then the whole test suite in both env
 	@echo "==> pytest (.venv-vllm033: tests against the exact vllm==0.33.0 sources)"
 	@t=$$SECONDS; $(PY033) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 2 took $$((SECONDS - t)) s"
 
-demo: setup ## the main job: local stack + benchmark (until that lands: the deployment plan)
-	@$(VENV)/bin/dflash-serve --help
+demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
+	@$(VENV)/bin/dflash-serve local up
+	@$(VENV)/bin/dflash-serve bench --base-url http://127.0.0.1:8000 --concurrency 1,4 --out bench-out
+	@echo "==> plot: bench-out/acceptance.png; table: bench-out/results.md"
+	@echo "==> the stack keeps running: sidecar http://127.0.0.1:9100/stats, Prometheus http://127.0.0.1:9090; stop it with: make demo-down"
+
+demo-down: ## stop the local stack
+	@$(VENV)/bin/dflash-serve local down
 
 clean: ## remove virtualenvs and caches
 	rm -rf $(VENV) $(VENV033) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -37,9 +37,21 @@ def _subcommand_registrars() -> list[
 ]:
     # Imported lazily so `--help` and `--version` stay fast and a subcommand's heavy imports
     # (torch, vLLM) only happen when that subcommand runs.
-    from dflash_ops import patches_command, plan_command, sidecar_command
+    from dflash_ops import (
+        bench_command,
+        local_command,
+        patches_command,
+        plan_command,
+        sidecar_command,
+    )
 
-    return [plan_command.register, sidecar_command.register, patches_command.register]
+    return [
+        plan_command.register,
+        sidecar_command.register,
+        bench_command.register,
+        local_command.register,
+        patches_command.register,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""`dflash-serve bench`: throughput and acceptance of an OpenAI-compatible vLLM endpoint."""

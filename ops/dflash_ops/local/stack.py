@@ -1,0 +1,347 @@
+"""`dflash-serve local up|down|status`: a real vLLM CPU engine, the sidecar and Prometheus.
+
+Processes run in their own sessions with logs and a `state.json` in the state directory; a pid
+is only trusted while /proc shows the same command line, so a second `up` never starts
+duplicates and `down` never signals a stranger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from dflash_ops.errors import UserError
+from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
+
+SpecMethod = Literal["draft_model", "ngram", "off"]
+SERVED_MODEL = "tiny"
+
+
+class StackConfig(BaseModel):
+    state_dir: Path = Path(".local-stack")
+    engine_port: int = 8000
+    sidecar_port: int = 9100
+    prometheus_port: int = 9090
+    method: SpecMethod = "draft_model"
+    num_speculative_tokens: int = Field(default=4, ge=1, le=15)
+    draft_noise: float = Field(default=0.05, ge=0.0)
+    prometheus: bool = True
+    engine_timeout_s: float = 600.0
+    kv_cache_gib: int = 1
+
+    @property
+    def models_dir(self) -> Path:
+        return self.state_dir / "models"
+
+    @property
+    def target_dir(self) -> Path:
+        return self.models_dir / "target"
+
+    @property
+    def draft_dir(self) -> Path:
+        return self.models_dir / f"draft-noise{self.draft_noise:g}"
+
+
+class ProcessRecord(BaseModel):
+    name: str
+    pid: int
+    url: str
+    log: str
+    argv: list[str]
+
+
+class StackState(BaseModel):
+    config: StackConfig
+    processes: list[ProcessRecord]
+
+
+def _say(message: str) -> None:
+    print(f"[local] {message}", file=sys.stderr, flush=True)
+
+
+def _alive(record: ProcessRecord) -> bool:
+    try:
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return [c.decode(errors="replace") for c in cmdline if c] == record.argv
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _state_path(state_dir: Path) -> Path:
+    return state_dir / "state.json"
+
+
+def load_state(state_dir: Path) -> StackState | None:
+    path = _state_path(state_dir)
+    if not path.is_file():
+        return None
+    return StackState.model_validate_json(path.read_text())
+
+
+def _save_state(state: StackState) -> None:
+    path = _state_path(state.config.state_dir)
+    path.write_text(state.model_dump_json(indent=2))
+
+
+def ensure_models(config: StackConfig) -> None:
+    if not (config.target_dir / "model.safetensors").is_file():
+        _say(f"building the tiny target model in {config.target_dir} (tokenizer + random weights)")
+        build_target(config.target_dir, TinyModelSpec())
+    if config.method == "draft_model" and not (config.draft_dir / "model.safetensors").is_file():
+        _say(f"building the draft: target + noise {config.draft_noise:g} x std")
+        build_draft(config.target_dir, config.draft_dir, config.draft_noise)
+
+
+def engine_argv(config: StackConfig) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(config.target_dir.resolve()),
+        "--served-model-name",
+        SERVED_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(config.engine_port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--seed",
+        "0",
+    ]
+    if config.method == "draft_model":
+        spec = {
+            "method": "draft_model",
+            "model": str(config.draft_dir.resolve()),
+            "num_speculative_tokens": config.num_speculative_tokens,
+        }
+        argv += ["--speculative-config", json.dumps(spec)]
+    elif config.method == "ngram":
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": config.num_speculative_tokens,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+        argv += ["--speculative-config", json.dumps(spec)]
+    return argv
+
+
+def _spawn(
+    name: str, argv: list[str], url: str, config: StackConfig, env: dict[str, str] | None = None
+) -> ProcessRecord:
+    log_path = config.state_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=os.environ | (env or {}),
+        )
+    record = ProcessRecord(name=name, pid=process.pid, url=url, log=str(log_path), argv=argv)
+    # /proc shows the command line only once exec has finished; wait for it (or for an exit).
+    deadline = time.monotonic() + 5
+    while not _alive(record) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return record
+
+
+def _wait(record: ProcessRecord, ready: Callable[[], bool], timeout: float, what: str) -> None:
+    started = time.monotonic()
+    last_report = 0.0
+    while not ready():
+        elapsed = time.monotonic() - started
+        if not _alive(record):
+            tail = Path(record.log).read_text(errors="replace").splitlines()[-15:]
+            raise UserError(
+                f"{record.name} exited while {what}; last log lines:\n  " + "\n  ".join(tail)
+            )
+        if elapsed > timeout:
+            raise UserError(
+                f"{record.name} not ready after {timeout:.0f}s ({what}); see {record.log}"
+            )
+        if elapsed - last_report >= 10:
+            last_report = elapsed
+            lines = Path(record.log).read_text(errors="replace").splitlines()
+            last = lines[-1][:110] if lines else ""
+            _say(f"{what}: {elapsed:.0f}s  {last}")
+        time.sleep(1.0)
+    _say(f"{record.name} ready after {time.monotonic() - started:.0f}s at {record.url}")
+
+
+def prometheus_config(config: StackConfig) -> Path:
+    path = config.state_dir / "prometheus.yml"
+    path.write_text(
+        "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
+        "rule_files:\n"
+        f"  - {Path(__file__).resolve().parents[3] / 'ops' / 'prometheus' / 'rules' / '*.yaml'}\n"
+        "scrape_configs:\n"
+        "  - job_name: vllm\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{config.engine_port}']\n"
+        "        labels: {namespace: local, pod: local-0, service: dflash-serve}\n"
+        "  - job_name: dflash-sidecar\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{config.sidecar_port}']\n"
+        "        labels: {namespace: local, pod: local-0, service: dflash-serve}\n"
+    )
+    return path
+
+
+def up(config: StackConfig) -> StackState:
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    state = load_state(config.state_dir)
+    if state is not None and any(_alive(p) for p in state.processes):
+        running = ", ".join(f"{p.name} (pid {p.pid})" for p in state.processes if _alive(p))
+        _say(f"already running: {running}; `dflash-serve local down` first to restart")
+        return state
+    ensure_models(config)
+    state = StackState(config=config, processes=[])
+    processes = state.processes
+    try:
+        engine_url = f"http://127.0.0.1:{config.engine_port}"
+        _say(f"starting the vLLM CPU engine ({config.method}, k={config.num_speculative_tokens})")
+        engine = _spawn(
+            "engine",
+            engine_argv(config),
+            engine_url,
+            config,
+            env={"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
+        )
+        processes.append(engine)
+        _save_state(state)
+        _wait(
+            engine,
+            lambda: _http_ok(f"{engine_url}/health"),
+            config.engine_timeout_s,
+            "engine starting",
+        )
+
+        sidecar_url = f"http://127.0.0.1:{config.sidecar_port}"
+        sidecar_argv = [
+            sys.executable,
+            "-m",
+            "dflash_ops.cli",
+            "sidecar",
+            "--engine-url",
+            engine_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(config.sidecar_port),
+            "--log-level",
+            "warning",
+        ]
+        sidecar = _spawn("sidecar", sidecar_argv, sidecar_url, config)
+        processes.append(sidecar)
+        _save_state(state)
+        _wait(
+            sidecar, lambda: _http_ok(f"{sidecar_url}/readyz"), 120, "sidecar waiting for readiness"
+        )
+
+        prometheus_bin = shutil.which("prometheus")
+        if config.prometheus and prometheus_bin:
+            prom_url = f"http://127.0.0.1:{config.prometheus_port}"
+            prom_argv = [
+                prometheus_bin,
+                f"--config.file={prometheus_config(config)}",
+                f"--storage.tsdb.path={config.state_dir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{config.prometheus_port}",
+            ]
+            prometheus = _spawn("prometheus", prom_argv, prom_url, config)
+            processes.append(prometheus)
+            _save_state(state)
+            _wait(prometheus, lambda: _http_ok(f"{prom_url}/-/ready"), 60, "prometheus starting")
+        elif config.prometheus:
+            _say("prometheus is not installed: skipping it (apt-get install prometheus)")
+    except BaseException:
+        down(config.state_dir, quiet=True)
+        raise
+    return state
+
+
+def down(state_dir: Path, quiet: bool = False) -> list[str]:
+    state = load_state(state_dir)
+    if state is None:
+        if not quiet:
+            _say(f"nothing running (no {_state_path(state_dir)})")
+        return []
+    stopped = []
+    for record in reversed(state.processes):
+        if stop_process(record):
+            stopped.append(record.name)
+            if not quiet:
+                _say(f"stopped {record.name} (pid {record.pid})")
+    _state_path(state_dir).unlink(missing_ok=True)
+    return stopped
+
+
+def stop_process(record: ProcessRecord, grace_s: float = 30.0) -> bool:
+    """SIGTERM the process group, SIGKILL after `grace_s`; False if it was not running."""
+    if not _alive(record):
+        return False
+    os.killpg(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _alive(record) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(record):
+        os.killpg(record.pid, signal.SIGKILL)
+    return True
+
+
+def restart_process(state: StackState, name: str) -> ProcessRecord:
+    """Stop and start one component with its recorded command line; wait until it is healthy."""
+    index, record = next((i, p) for i, p in enumerate(state.processes) if p.name == name)
+    stop_process(record)
+    config = state.config
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)} if name == "engine" else None
+    fresh = _spawn(name, record.argv, record.url, config, env=env)
+    state.processes[index] = fresh
+    _save_state(state)
+    probe = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}[name]
+    _wait(fresh, lambda: _http_ok(fresh.url + probe), config.engine_timeout_s, f"{name} restarting")
+    return fresh
+
+
+def status(state_dir: Path) -> list[dict[str, object]]:
+    state = load_state(state_dir)
+    if state is None:
+        return []
+    rows: list[dict[str, object]] = []
+    for record in state.processes:
+        probe = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}[record.name]
+        alive = _alive(record)
+        rows.append(
+            {
+                "name": record.name,
+                "pid": record.pid,
+                "running": alive,
+                "healthy": alive and _http_ok(record.url + probe),
+                "url": record.url,
+                "log": record.log,
+            }
+        )
+    return rows
