@@ -53,6 +53,14 @@ def register(subparsers: Any) -> None:
     compare.add_argument("a", type=Path, help="baseline results.json (e.g. MTP-3)")
     compare.add_argument("b", type=Path, help="candidate results.json (e.g. DFlash block 8)")
     compare.set_defaults(handler=run_compare)
+    sidecar = actions.add_parser(
+        "sidecar",
+        help="cost of one sidecar scrape cycle on a ~3,000-line exposition, and memory over a day",
+    )
+    sidecar.add_argument("--cycles", type=int, default=2000)
+    sidecar.add_argument("--hours", type=float, default=24.0, help="simulated hours of scrapes")
+    sidecar.add_argument("--scrape-interval", type=float, default=2.0)
+    sidecar.set_defaults(handler=run_sidecar_cost)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,5 +120,19 @@ def run_compare(args: argparse.Namespace) -> int:
             ) from None
     print(
         report.compare(loaded[0], loaded[1], args.a.parent.name or "A", args.b.parent.name or "B")
+    )
+    return 0
+
+
+def run_sidecar_cost(args: argparse.Namespace) -> int:
+    from dflash_ops.bench.sidecar_cost import measure
+
+    cost = measure(args.cycles, args.hours, args.scrape_interval)
+    print(cost.model_dump_json(indent=2))
+    print(
+        f"scrape+parse+window update on {cost.exposition_lines} lines: p50 {cost.p50_ms:.2f} ms, "
+        f"p99 {cost.p99_ms:.2f} ms; RSS over {cost.simulated_hours:g} h of "
+        f"{cost.scrape_interval_s:g} s scrapes: "
+        + ", ".join(f"{k} {v:.1f} MB" for k, v in cost.rss_mb.items())
     )
     return 0

@@ -100,7 +100,7 @@ class EngineMonitor:
             log.warning(
                 "malformed metrics lines (%d), first: %s", len(parsed.errors), parsed.errors[0]
             )
-        if parsed.vllm_lines == 0:
+        if not parsed.is_vllm:
             self._count_error("not_vllm_metrics", "/metrics has no vllm: series")
             return
         self.scrapes.ok += 1

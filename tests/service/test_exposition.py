@@ -39,7 +39,7 @@ def test_malformed_lines_are_counted_not_fatal(after_text: str) -> None:
 
 def test_a_page_that_is_not_vllm_metrics() -> None:
     parsed = exposition.parse("<html><body>502 Bad Gateway</body></html>\n")
-    assert parsed.vllm_lines == 0 and parsed.series == {}
+    assert not parsed.is_vllm and parsed.series == {}
 
 
 def test_engines_and_models_are_kept_apart(after_text: str, before_text: str) -> None:
