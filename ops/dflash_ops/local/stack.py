@@ -203,10 +203,10 @@ def prometheus_config(config: StackConfig) -> Path:
         "scrape_configs:\n"
         "  - job_name: vllm\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{config.engine_port}']\n"
-        "        labels: {namespace: local, pod: local-0, service: dflash-serve}\n"
+        "        labels: {namespace: local, pod: local-0, release: local, role: speculative}\n"
         "  - job_name: dflash-sidecar\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{config.sidecar_port}']\n"
-        "        labels: {namespace: local, pod: local-0, service: dflash-serve}\n"
+        "        labels: {namespace: local, pod: local-0, release: local, role: speculative}\n"
     )
     return path
 

@@ -1,0 +1,61 @@
+"""Metric names in the dashboards' and rules' PromQL, and Grafana variable expansion."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OPS_DIR = Path(__file__).resolve().parents[1]
+RULES_DIR = OPS_DIR / "prometheus" / "rules"
+DASHBOARD_DIR = OPS_DIR / "grafana" / "dashboards"
+
+
+def metric_names(expr: str) -> set[str]:
+    import promql_parser
+
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                names.add(node.name)
+            return
+        for attr in ("lhs", "rhs", "expr", "param", "vector_selector"):
+            child = getattr(node, attr, None)
+            if child is not None:
+                visit(child)
+        for child in getattr(node, "args", None) or []:
+            visit(child)
+
+    visit(promql_parser.parse(expr))
+    return names
+
+
+def expand_grafana(expr: str, values: dict[str, str]) -> str:
+    """Substitute Grafana variables ($name, ${name}) the way a dashboard would at query time."""
+    expanded = re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], expr)
+    return re.sub(r"\$(__\w+|\w+)", lambda m: values[m.group(1)], expanded)
+
+
+def rule_expressions() -> list[tuple[str, str]]:
+    """(rule name, expression) for every recording and alerting rule."""
+    out = []
+    for path in sorted(RULES_DIR.glob("*.yaml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                out.append((rule.get("record") or rule["alert"], rule["expr"]))
+    return out
+
+
+def dashboard_expressions() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, expression) for every panel target."""
+    out = []
+    for path in sorted(DASHBOARD_DIR.glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel["targets"]:
+                out.append((path.name, panel["title"], target["expr"]))
+    return out
