@@ -42,11 +42,13 @@ def _subcommand_registrars() -> list[
         local_command,
         patches_command,
         plan_command,
+        render_command,
         sidecar_command,
     )
 
     return [
         plan_command.register,
+        render_command.register,
         sidecar_command.register,
         bench_command.register,
         local_command.register,

@@ -1,0 +1,155 @@
+{{/* All helpers live in the dflash-serve.* namespace. */}}
+
+{{- define "dflash-serve.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dflash-serve.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dflash-serve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dflash-serve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "dflash-serve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dflash-serve
+dflash-serve.io/role: {{ .Values.role }}
+{{- end -}}
+
+{{- define "dflash-serve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dflash-serve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.cacheClaim" -}}
+{{- default (printf "%s-model-cache" (include "dflash-serve.fullname" .)) .Values.modelCache.existingClaim -}}
+{{- end -}}
+
+{{/* num_speculative_tokens in effect: 0 when speculation is off. */}}
+{{- define "dflash-serve.k" -}}
+{{- if eq .Values.speculative.method "off" -}}0{{- else -}}{{ int .Values.speculative.numSpeculativeTokens }}{{- end -}}
+{{- end -}}
+
+{{/* The block-size rule entry for this GPU, TP, KV dtype and k; fails with the fix. */}}
+{{- define "dflash-serve.blockRule" -}}
+{{- $table := .Files.Get "files/block-sizes.yaml" | fromYaml -}}
+{{- $gpu := .Values.gpu.type -}}
+{{- $tp := int .Values.engine.tensorParallelSize -}}
+{{- $k := include "dflash-serve.k" . -}}
+{{- $perGpu := index $table $gpu | default dict -}}
+{{- if not $perGpu -}}
+{{- fail (printf "gpu.type %q is not supported: use one of a100, h100, h200, b200" $gpu) -}}
+{{- end -}}
+{{- $perTp := index $perGpu (printf "tp%d" $tp) | default dict -}}
+{{- if not $perTp -}}
+{{- fail (printf "engine.tensorParallelSize %d does not divide the model's attention and linear-attention heads (24, 16, 48): use 1, 2, 4 or 8" $tp) -}}
+{{- end -}}
+{{- $perKv := index $perTp .Values.engine.kvCacheDtype | default dict -}}
+{{- $entry := index $perKv $k | default dict -}}
+{{- if not $entry -}}
+{{- fail (printf "speculative.numSpeculativeTokens %s is out of range: use 1 to 15" $k) -}}
+{{- end -}}
+{{- toYaml $entry -}}
+{{- end -}}
+
+{{/* The block size to pass: the table's for "auto", else the user's, checked. */}}
+{{- define "dflash-serve.blockSize" -}}
+{{- $rule := include "dflash-serve.blockRule" . | fromYaml -}}
+{{- $recommended := int $rule.recommended -}}
+{{- $requested := .Values.engine.blockSize -}}
+{{- if eq (toString $requested) "auto" -}}
+{{- $recommended -}}
+{{- else -}}
+{{- $size := int $requested -}}
+{{- $step := int $rule.step -}}
+{{- if or (lt $size $recommended) (ne (mod $size $step) 0) -}}
+{{- fail (printf "engine.blockSize %d would fail at startup on %s TP%d with k=%s: a valid block size is a multiple of %d (kernel alignment %d, QSA ring capacity %d) and at least %d. Use %d, or \"auto\"." $size .Values.gpu.type (int .Values.engine.tensorParallelSize) (include "dflash-serve.k" .) $step (int $rule.alignment) (int $rule.ring) $recommended $recommended) -}}
+{{- end -}}
+{{- $size -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.validate" -}}
+{{- $method := .Values.speculative.method -}}
+{{- if not (has $method (list "dflash" "mtp" "ngram" "off")) -}}
+{{- fail (printf "speculative.method %q is unknown: use dflash, mtp, ngram or off" $method) -}}
+{{- end -}}
+{{- if and (eq $method "dflash") (not .Values.speculative.draftModel) -}}
+{{- fail "speculative.method is dflash but speculative.draftModel is empty: set the DFlash2 draft (Hugging Face id or path on the model cache)" -}}
+{{- end -}}
+{{- if and (ne $method "off") (lt (int .Values.speculative.numSpeculativeTokens) 1) -}}
+{{- fail "speculative.numSpeculativeTokens must be at least 1 (or set speculative.method: off)" -}}
+{{- end -}}
+{{- if not (has .Values.rollout.strategy (list "Recreate" "RollingUpdate")) -}}
+{{- fail (printf "rollout.strategy %q is unknown: use Recreate or RollingUpdate" .Values.rollout.strategy) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.speculativeConfig" -}}
+{{- $method := .Values.speculative.method -}}
+{{- $k := int .Values.speculative.numSpeculativeTokens -}}
+{{- if eq $method "dflash" -}}
+{{- dict "method" "dflash" "model" .Values.speculative.draftModel "num_speculative_tokens" $k | toJson -}}
+{{- else if eq $method "mtp" -}}
+{{- dict "method" "mtp" "num_speculative_tokens" $k | toJson -}}
+{{- else if eq $method "ngram" -}}
+{{- dict "method" "ngram" "num_speculative_tokens" $k "prompt_lookup_max" 4 "prompt_lookup_min" 2 | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.engineArgs" -}}
+- --model
+- {{ .Values.model.name | quote }}
+- --served-model-name
+- {{ .Values.model.servedName | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ .Values.engine.port | quote }}
+- --tensor-parallel-size
+- {{ .Values.engine.tensorParallelSize | quote }}
+{{- if .Values.engine.expertParallel }}
+- --enable-expert-parallel
+{{- end }}
+- --mamba-cache-mode
+- align
+- --block-size
+- {{ include "dflash-serve.blockSize" . | quote }}
+{{- if ne .Values.engine.kvCacheDtype "auto" }}
+- --kv-cache-dtype
+- {{ .Values.engine.kvCacheDtype | quote }}
+{{- end }}
+- --max-model-len
+- {{ .Values.model.maxModelLen | quote }}
+- --gpu-memory-utilization
+- {{ .Values.model.gpuMemoryUtilization | quote }}
+{{- if .Values.model.reasoningParser }}
+- --reasoning-parser
+- {{ .Values.model.reasoningParser | quote }}
+{{- end }}
+{{- if .Values.model.toolCallParser }}
+- --enable-auto-tool-choice
+- --tool-call-parser
+- {{ .Values.model.toolCallParser | quote }}
+{{- end }}
+{{- if ne .Values.speculative.method "off" }}
+- --speculative-config
+- {{ include "dflash-serve.speculativeConfig" . | quote }}
+{{- end }}
+{{- range .Values.model.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
