@@ -57,7 +57,9 @@ def test_explicit_valid_block_size_is_kept() -> None:
     [
         (
             ["engine.blockSize=1648"],
-            "engine.blockSize 1648 would fail at startup on a100 TP2 with k=7: a valid block size is a multiple of 48 (kernel alignment 16, QSA ring capacity 12) and at least 1680. Use 1680",
+            "engine.blockSize 1648 would fail at startup on a100 TP2 with k=7: a valid block "
+            "size is a multiple of 48 (kernel alignment 16, QSA ring capacity 12) and at least "
+            "1680. Use 1680",
         ),
         (["engine.blockSize=1632"], "at least 1680"),
         (
