@@ -8,7 +8,16 @@ PY        := $(VENV)/bin/python
 PY033     := $(VENV033)/bin/python
 export PATH := $(CURDIR)/.cache/bin:$(PATH)
 
-.PHONY: help setup lint typecheck test demo demo-down clean
+# Image names: `make images REGISTRY=... TAG=...`; the chart's defaults use the same names.
+REGISTRY  ?= ghcr.io/dflash-serve
+TAG       ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+VLLM_VERSION  := 0.33.0
+ENGINE_IMAGE  := $(REGISTRY)/vllm-dflash:$(VLLM_VERSION)-dflash-$(TAG)
+SIDECAR_IMAGE := $(REGISTRY)/sidecar:$(TAG)
+CPU_IMAGE     := $(REGISTRY)/dflash-serve-cpu:$(TAG)
+SERIES_SHA256  = $(shell python3 -c 'import hashlib, json; m = json.load(open("patches/manifest.json")); print(hashlib.sha256("".join(p["sha256"] for p in m["patches"]).encode()).hexdigest())')
+
+.PHONY: help setup lint typecheck test demo demo-down clean images
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -38,6 +47,11 @@ demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, 
 
 demo-down: ## stop the local stack
 	@$(VENV)/bin/dflash-serve local down
+
+images: ## build the engine, sidecar and CPU images (needs a Docker engine; REGISTRY=, TAG=)
+	docker build -f docker/vllm.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg PATCH_SERIES_SHA256=$(SERIES_SHA256) -t $(ENGINE_IMAGE) .
+	docker build -f docker/sidecar.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(SIDECAR_IMAGE) .
+	docker build -f docker/cpu.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(CPU_IMAGE) .
 
 clean: ## remove virtualenvs and caches
 	rm -rf $(VENV) $(VENV033) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -32,6 +32,12 @@ def register(subparsers: Any) -> None:
     up.add_argument("--sidecar-port", type=int, default=9100)
     up.add_argument("--prometheus-port", type=int, default=9090)
     up.add_argument("--no-prometheus", action="store_true")
+    up.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
+    up.add_argument(
+        "--foreground",
+        action="store_true",
+        help="stay attached; stop everything on Ctrl-C or SIGTERM (for containers)",
+    )
     up.add_argument("--engine-timeout", type=float, default=600.0)
     down = actions.add_parser("down", help="stop everything the stack started")
     status = actions.add_parser("status", help="what runs where")
@@ -55,10 +61,13 @@ def run(args: argparse.Namespace) -> int:
             draft_noise=args.draft_noise,
             prometheus=not args.no_prometheus,
             engine_timeout_s=args.engine_timeout,
+            host=args.host,
         )
         state = stack.up(config)
         for record in state.processes:
             print(f"{record.name:<11} {record.url:<26} pid {record.pid:<7} log {record.log}")
+        if args.foreground:
+            stack.wait_in_foreground(state)
         return 0
     if args.local_action == "down":
         stack.down(args.state_dir)

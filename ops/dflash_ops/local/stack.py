@@ -31,6 +31,7 @@ SERVED_MODEL = "tiny"
 
 class StackConfig(BaseModel):
     state_dir: Path = Path(".local-stack")
+    host: str = Field(default="127.0.0.1", description="listen address of every component")
     engine_port: int = 8000
     sidecar_port: int = 9100
     prometheus_port: int = 9090
@@ -122,7 +123,7 @@ def engine_argv(config: StackConfig) -> list[str]:
         "--served-model-name",
         SERVED_MODEL,
         "--host",
-        "127.0.0.1",
+        config.host,
         "--port",
         str(config.engine_port),
         "--dtype",
@@ -269,7 +270,7 @@ def up(config: StackConfig) -> StackState:
                 prometheus_bin,
                 f"--config.file={prometheus_config(config)}",
                 f"--storage.tsdb.path={config.state_dir / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{config.prometheus_port}",
+                f"--web.listen-address={config.host}:{config.prometheus_port}",
             ]
             prometheus = _spawn("prometheus", prom_argv, prom_url, config)
             processes.append(prometheus)
@@ -345,3 +346,23 @@ def status(state_dir: Path) -> list[dict[str, object]]:
             }
         )
     return rows
+
+
+def wait_in_foreground(state: StackState) -> None:
+    """Block until SIGINT/SIGTERM or until a component exits, then stop the whole stack."""
+    stop = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    _say("running in the foreground; Ctrl-C stops the stack")
+    while not stop:
+        dead = [p.name for p in state.processes if not _alive(p)]
+        if dead:
+            _say(f"{', '.join(dead)} exited; stopping the stack")
+            break
+        time.sleep(1)
+    down(state.config.state_dir)

