@@ -13,8 +13,9 @@ from tests.conftest import find_tool
 
 # The oldest and newest Kubernetes versions the chart supports (Chart.yaml kubeVersion >=1.29).
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")
-# Prometheus Operator kinds: no schema in kubernetes-validate; checked by their own tests.
-CRD_KINDS = {"PodMonitor", "PrometheusRule"}
+# Custom resources: no schema in kubernetes-validate; checked by their own tests (the
+# RayCluster pod templates as core PodTemplates in test_raycluster.py).
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "RayCluster", "ScaledObject"}
 
 
 @pytest.mark.parametrize("profile", sorted(p.stem for p in (CHART_DIR / "profiles").glob("*.yaml")))

@@ -17,6 +17,12 @@ app.kubernetes.io/name: {{ include "dflash-serve.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The pods that serve the API (not Ray workers): what the Service, PDB and monitors select. */}}
+{{- define "dflash-serve.engineSelectorLabels" -}}
+{{ include "dflash-serve.selectorLabels" . }}
+dflash-serve.io/component: engine
+{{- end -}}
+
 {{- define "dflash-serve.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "dflash-serve.selectorLabels" . }}
@@ -38,6 +44,31 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- default (printf "%s-model-cache" (include "dflash-serve.fullname" .)) .Values.modelCache.existingClaim -}}
 {{- end -}}
 
+{{/* Total tensor-parallel size of one engine: across nodes for the distributed tensor layout. */}}
+{{- define "dflash-serve.tp" -}}
+{{- if and .Values.distributed.enabled (eq .Values.distributed.layout "tensor") -}}
+{{- mul (int .Values.distributed.nodes) (int .Values.distributed.gpusPerNode) -}}
+{{- else -}}
+{{- int .Values.engine.tensorParallelSize -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Data-parallel size (distributed data layout only). */}}
+{{- define "dflash-serve.dp" -}}
+{{- if and .Values.distributed.enabled (eq .Values.distributed.layout "data") -}}
+{{- int .Values.distributed.dataParallelSize -}}
+{{- else -}}1{{- end -}}
+{{- end -}}
+
+{{/* GPUs requested by each engine pod (each Ray node in distributed mode). */}}
+{{- define "dflash-serve.gpusPerPod" -}}
+{{- if .Values.distributed.enabled -}}
+{{- int .Values.distributed.gpusPerNode -}}
+{{- else -}}
+{{- int .Values.engine.tensorParallelSize -}}
+{{- end -}}
+{{- end -}}
+
 {{/* num_speculative_tokens in effect: 0 when speculation is off. */}}
 {{- define "dflash-serve.k" -}}
 {{- if eq .Values.speculative.method "off" -}}0{{- else -}}{{ int .Values.speculative.numSpeculativeTokens }}{{- end -}}
@@ -47,7 +78,7 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- define "dflash-serve.blockRule" -}}
 {{- $table := .Files.Get "files/block-sizes.yaml" | fromYaml -}}
 {{- $gpu := .Values.gpu.type -}}
-{{- $tp := int .Values.engine.tensorParallelSize -}}
+{{- $tp := int (include "dflash-serve.tp" .) -}}
 {{- $k := include "dflash-serve.k" . -}}
 {{- $perGpu := index $table $gpu | default dict -}}
 {{- if not $perGpu -}}
@@ -55,7 +86,7 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- end -}}
 {{- $perTp := index $perGpu (printf "tp%d" $tp) | default dict -}}
 {{- if not $perTp -}}
-{{- fail (printf "engine.tensorParallelSize %d does not divide the model's attention and linear-attention heads (24, 16, 48): use 1, 2, 4 or 8" $tp) -}}
+{{- fail (printf "tensor-parallel size %d does not divide the model's attention and linear-attention heads (24, 16, 48): use 1, 2, 4 or 8 (engine.tensorParallelSize, or distributed.nodes x distributed.gpusPerNode for the tensor layout)" $tp) -}}
 {{- end -}}
 {{- $perKv := index $perTp .Values.engine.kvCacheDtype | default dict -}}
 {{- $entry := index $perKv $k | default dict -}}
@@ -76,7 +107,7 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- $size := int $requested -}}
 {{- $step := int $rule.step -}}
 {{- if or (lt $size $recommended) (ne (mod $size $step) 0) -}}
-{{- fail (printf "engine.blockSize %d would fail at startup on %s TP%d with k=%s: a valid block size is a multiple of %d (kernel alignment %d, QSA ring capacity %d) and at least %d. Use %d, or \"auto\"." $size .Values.gpu.type (int .Values.engine.tensorParallelSize) (include "dflash-serve.k" .) $step (int $rule.alignment) (int $rule.ring) $recommended $recommended) -}}
+{{- fail (printf "engine.blockSize %d would fail at startup on %s TP%s with k=%s: a valid block size is a multiple of %d (kernel alignment %d, QSA ring capacity %d) and at least %d. Use %d, or \"auto\"." $size .Values.gpu.type (include "dflash-serve.tp" .) (include "dflash-serve.k" .) $step (int $rule.alignment) (int $rule.ring) $recommended $recommended) -}}
 {{- end -}}
 {{- $size -}}
 {{- end -}}
@@ -92,6 +123,25 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- end -}}
 {{- if and (ne $method "off") (lt (int .Values.speculative.numSpeculativeTokens) 1) -}}
 {{- fail "speculative.numSpeculativeTokens must be at least 1 (or set speculative.method: off)" -}}
+{{- end -}}
+{{- if .Values.distributed.enabled -}}
+{{- $d := .Values.distributed -}}
+{{- if ne (int $d.pipelineParallelSize) 1 -}}
+{{- fail (printf "distributed.pipelineParallelSize %d is not supported: vLLM 0.33.0 requires pipeline_parallel_size 1 for Qwen4Exp (its PLE n-gram embedding needs the raw input_ids on every rank, and its sequence-parallel MoE needs PP=1). Scale out with the tensor layout (TP across nodes) or the data layout (DP with expert parallelism)." (int $d.pipelineParallelSize)) -}}
+{{- end -}}
+{{- if not (has $d.layout (list "tensor" "data")) -}}
+{{- fail (printf "distributed.layout %q is unknown: use tensor (TP across nodes) or data (DP + EP across nodes)" $d.layout) -}}
+{{- end -}}
+{{- $gpus := mul (int $d.nodes) (int $d.gpusPerNode) -}}
+{{- if lt (int $d.nodes) 2 -}}
+{{- fail "distributed.nodes must be at least 2 (one node needs no Ray cluster: set distributed.enabled: false)" -}}
+{{- end -}}
+{{- if and .Values.modelCache.enabled (not .Values.modelCache.existingClaim) (not (has "ReadWriteMany" .Values.modelCache.accessModes)) -}}
+{{- fail "distributed serving mounts the model cache on every node: set modelCache.accessModes to [ReadWriteMany] (an RWX StorageClass), or modelCache.existingClaim to an RWX claim" -}}
+{{- end -}}
+{{- if and (eq $d.layout "data") (ne $gpus (mul (int .Values.engine.tensorParallelSize) (int $d.dataParallelSize))) -}}
+{{- fail (printf "distributed data layout: distributed.dataParallelSize %d x engine.tensorParallelSize %d must equal distributed.nodes %d x distributed.gpusPerNode %d" (int $d.dataParallelSize) (int .Values.engine.tensorParallelSize) (int $d.nodes) (int $d.gpusPerNode)) -}}
+{{- end -}}
 {{- end -}}
 {{- if not (has .Values.rollout.strategy (list "Recreate" "RollingUpdate")) -}}
 {{- fail (printf "rollout.strategy %q is unknown: use Recreate or RollingUpdate" .Values.rollout.strategy) -}}
@@ -120,7 +170,17 @@ dflash-serve.io/role: {{ .Values.role }}
 - --port
 - {{ .Values.engine.port | quote }}
 - --tensor-parallel-size
-- {{ .Values.engine.tensorParallelSize | quote }}
+- {{ include "dflash-serve.tp" . | quote }}
+{{- if .Values.distributed.enabled }}
+- --distributed-executor-backend
+- ray
+{{- if eq .Values.distributed.layout "data" }}
+- --data-parallel-size
+- {{ include "dflash-serve.dp" . | quote }}
+- --data-parallel-backend
+- ray
+{{- end }}
+{{- end }}
 {{- if .Values.engine.expertParallel }}
 - --enable-expert-parallel
 {{- end }}
