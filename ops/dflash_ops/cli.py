@@ -42,6 +42,7 @@ def _subcommand_registrars() -> list[
         local_command,
         patches_command,
         plan_command,
+        preflight,
         render_command,
         sidecar_command,
     )
@@ -53,6 +54,7 @@ def _subcommand_registrars() -> list[
         bench_command.register,
         local_command.register,
         patches_command.register,
+        preflight.register,
     ]
 
 

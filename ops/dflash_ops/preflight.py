@@ -1,0 +1,311 @@
+"""`dflash-serve preflight`: check a cluster before `helm install`, with what to fix.
+
+Reads the chart's values (defaults plus a profile or -f files) to know what the release will
+ask for, then checks the current cluster through the Kubernetes API: GPU nodes of the wanted
+product with enough allocatable GPUs, the NVIDIA device plugin, the StorageClass, the CRDs the
+values need, the namespace and the HF token Secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+from pydantic import BaseModel
+
+from dflash_ops.errors import UserError
+from dflash_ops.render_command import CHART_DIR, PROFILES_DIR, profiles
+
+DEFAULT_CLASS_ANNOTATIONS = (
+    "storageclass.kubernetes.io/is-default-class",
+    "storageclass.beta.kubernetes.io/is-default-class",
+)
+
+
+class ClusterReader(Protocol):
+    """The few reads preflight makes; the real one wraps the kubernetes client."""
+
+    def nodes(self) -> list[Any]: ...
+    def crd_names(self) -> set[str]: ...
+    def storage_classes(self) -> list[Any]: ...
+    def daemonsets(self) -> list[Any]: ...
+    def namespace_exists(self, name: str) -> bool: ...
+    def secret_keys(self, namespace: str, name: str) -> set[str] | None: ...
+
+
+class Check(BaseModel):
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def chart_values(files: list[Path]) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    for path in files:
+        if not path.is_file():
+            raise UserError(f"values file {path} not found")
+        values = deep_merge(values, yaml.safe_load(path.read_text()) or {})
+    return values
+
+
+def _quantity(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def check_cluster(values: dict[str, Any], namespace: str, cluster: ClusterReader) -> list[Check]:
+    checks: list[Check] = []
+    gpu = values["gpu"]
+    distributed = values.get("distributed", {})
+    multi = bool(distributed.get("enabled"))
+    gpus_per_pod = int(
+        distributed["gpusPerNode"] if multi else values["engine"]["tensorParallelSize"]
+    )
+    pods = int(distributed["nodes"] if multi else values.get("replicas", 1))
+    resource = gpu["resourceName"]
+
+    nodes = cluster.nodes()
+    matching = [
+        n for n in nodes if (n.metadata.labels or {}).get(gpu["productLabel"]) in gpu["products"]
+    ]
+    fitting = [
+        n for n in matching if _quantity((n.status.allocatable or {}).get(resource)) >= gpus_per_pod
+    ]
+    slots = sum(
+        _quantity((n.status.allocatable or {}).get(resource)) // gpus_per_pod for n in fitting
+    )
+    checks.append(
+        Check(
+            name="GPU nodes",
+            ok=slots >= pods,
+            detail=(
+                f"{len(matching)} node(s) labelled {gpu['productLabel']} in {gpu['products']}; "
+                f"{len(fitting)} with >= {gpus_per_pod} allocatable {resource}: room for {slots} "
+                f"pod(s), the release needs {pods}"
+            ),
+            fix=(
+                ""
+                if slots >= pods
+                else "add GPU nodes of that product, label them (GPU feature discovery sets "
+                f"{gpu['productLabel']}), or change gpu.products / engine.tensorParallelSize"
+            ),
+        )
+    )
+
+    plugin_sets = [
+        d for d in cluster.daemonsets() if "nvidia-device-plugin" in (d.metadata.name or "")
+    ]
+    advertised = [n for n in nodes if _quantity((n.status.allocatable or {}).get(resource)) > 0]
+    plugin_ok = bool(plugin_sets) or bool(advertised)
+    checks.append(
+        Check(
+            name="NVIDIA device plugin",
+            ok=plugin_ok,
+            detail=(
+                "daemonset(s): "
+                + (
+                    ", ".join(f"{d.metadata.namespace}/{d.metadata.name}" for d in plugin_sets)
+                    or "none found"
+                )
+                + f"; {len(advertised)} node(s) advertise {resource}"
+            ),
+            fix="" if plugin_ok else "install the NVIDIA GPU Operator or the k8s-device-plugin",
+        )
+    )
+
+    cache = values["modelCache"]
+    if cache.get("enabled") and not cache.get("existingClaim"):
+        classes = cluster.storage_classes()
+        wanted = cache.get("storageClass") or ""
+        if wanted:
+            ok = any(c.metadata.name == wanted for c in classes)
+            detail = f"StorageClass {wanted} {'exists' if ok else 'not found'}"
+            fix = "" if ok else f"create StorageClass {wanted} or set modelCache.storageClass"
+        else:
+            defaults = [
+                c.metadata.name
+                for c in classes
+                if any(
+                    (c.metadata.annotations or {}).get(a) == "true"
+                    for a in DEFAULT_CLASS_ANNOTATIONS
+                )
+            ]
+            ok = len(defaults) == 1
+            detail = f"default StorageClass: {', '.join(defaults) or 'none'}"
+            fix = "" if ok else "mark one StorageClass as default or set modelCache.storageClass"
+        checks.append(Check(name="Model cache storage", ok=ok, detail=detail, fix=fix))
+
+    crds = cluster.crd_names()
+    needed: dict[str, str] = {}
+    monitoring = values.get("monitoring", {})
+    if monitoring.get("podMonitor", {}).get("enabled"):
+        needed["podmonitors.monitoring.coreos.com"] = (
+            "install Prometheus Operator (kube-prometheus-stack) or set "
+            "monitoring.podMonitor.enabled=false"
+        )
+    if monitoring.get("prometheusRule", {}).get("enabled"):
+        needed["prometheusrules.monitoring.coreos.com"] = (
+            "install Prometheus Operator or set monitoring.prometheusRule.enabled=false"
+        )
+    if multi:
+        needed["rayclusters.ray.io"] = "install the KubeRay operator (ray.io/v1 CRDs)"
+    autoscaling = values.get("autoscaling", {})
+    if autoscaling.get("enabled") and autoscaling.get("engine") == "keda":
+        needed["scaledobjects.keda.sh"] = "install KEDA or set autoscaling.engine=hpa"
+    for crd, fix in needed.items():
+        present = crd in crds
+        checks.append(
+            Check(
+                name=f"CRD {crd}",
+                ok=present,
+                detail="installed" if present else "missing",
+                fix="" if present else fix,
+            )
+        )
+
+    ns_ok = cluster.namespace_exists(namespace)
+    checks.append(
+        Check(
+            name="Namespace",
+            ok=ns_ok,
+            detail=f"{namespace} {'exists' if ns_ok else 'not found'}",
+            fix=""
+            if ns_ok
+            else f"kubectl create namespace {namespace} (or helm --create-namespace)",
+        )
+    )
+    secret = values["model"].get("hfTokenSecret", {})
+    if secret.get("name"):
+        keys = cluster.secret_keys(namespace, secret["name"])
+        ok = keys is not None and secret.get("key", "token") in keys
+        detail = f"Secret {namespace}/{secret['name']} " + (
+            "not found" if keys is None else f"has keys {sorted(keys)}"
+        )
+        checks.append(
+            Check(
+                name="HF token Secret",
+                ok=ok,
+                detail=detail,
+                fix=""
+                if ok
+                else f"kubectl -n {namespace} create secret generic {secret['name']} "
+                f"--from-literal={secret.get('key', 'token')}=<your token>",
+            )
+        )
+    return checks
+
+
+class KubernetesCluster:
+    """ClusterReader over the kubernetes client and the current kubeconfig (or in-cluster)."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        try:
+            config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+        except (ConfigException, FileNotFoundError, TypeError) as err:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except ConfigException:
+                where = kubeconfig or "KUBECONFIG / ~/.kube/config"
+                raise UserError(
+                    f"no usable kubeconfig ({where}): {err}; point --kubeconfig or KUBECONFIG at "
+                    "the cluster, or run inside it"
+                ) from None
+        self.core = client.CoreV1Api()
+        self.apps = client.AppsV1Api()
+        self.storage = client.StorageV1Api()
+        self.ext = client.ApiextensionsV1Api()
+        self._client = client
+
+    def nodes(self) -> list[Any]:
+        return list(self.core.list_node().items)
+
+    def crd_names(self) -> set[str]:
+        items = self.ext.list_custom_resource_definition().items
+        return {str(c.metadata.name) for c in items if c.metadata is not None}
+
+    def storage_classes(self) -> list[Any]:
+        return list(self.storage.list_storage_class().items)
+
+    def daemonsets(self) -> list[Any]:
+        return list(self.apps.list_daemon_set_for_all_namespaces().items)
+
+    def namespace_exists(self, name: str) -> bool:
+        try:
+            self.core.read_namespace(name)
+            return True
+        except self._client.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+
+    def secret_keys(self, namespace: str, name: str) -> set[str] | None:
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except self._client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return set((secret.data or {}).keys())
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "preflight",
+        help="check the current cluster before helm install (GPUs, plugin, storage, CRDs, secret)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument("--profile", choices=profiles(), help="a values profile from the chart")
+    parser.add_argument("-f", "--values", type=Path, action="append", default=[])
+    parser.add_argument("--namespace", "-n", default="default")
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context")
+    parser.add_argument("--format", choices=["text", "json"], default="text")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    files = ([PROFILES_DIR / f"{args.profile}.yaml"] if args.profile else []) + args.values
+    values = chart_values(files)
+    cluster = KubernetesCluster(args.kubeconfig, args.context)
+    try:
+        checks = check_cluster(values, args.namespace, cluster)
+    except Exception as err:  # an API error is reported as such, not as a traceback
+        raise UserError(f"the Kubernetes API refused a read: {err}") from None
+    return report(checks, args.format)
+
+
+def report(checks: list[Check], fmt: str) -> int:
+    if fmt == "json":
+        print(json.dumps([c.model_dump() for c in checks], indent=2))
+    else:
+        for check in checks:
+            mark = "ok  " if check.ok else "FAIL"
+            print(f"[{mark}] {check.name}: {check.detail}")
+            if check.fix:
+                print(f"       fix: {check.fix}")
+    failed = [c for c in checks if not c.ok]
+    if fmt == "text":
+        print(f"\n{len(checks) - len(failed)}/{len(checks)} checks passed", file=sys.stderr)
+    return 1 if failed else 0
