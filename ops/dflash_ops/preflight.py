@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from dflash_ops.errors import UserError
-from dflash_ops.render_command import CHART_DIR, PROFILES_DIR, profiles
+from dflash_ops.render_command import CHART_DIR, add_values_arguments, values_files
 
 DEFAULT_CLASS_ANNOTATIONS = (
     "storageclass.kubernetes.io/is-default-class",
@@ -57,8 +57,6 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def chart_values(files: list[Path]) -> dict[str, Any]:
     values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     for path in files:
-        if not path.is_file():
-            raise UserError(f"values file {path} not found")
         values = deep_merge(values, yaml.safe_load(path.read_text()) or {})
     return values
 
@@ -274,8 +272,7 @@ def register(subparsers: Any) -> None:
         help="check the current cluster before helm install (GPUs, plugin, storage, CRDs, secret)",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    parser.add_argument("--profile", choices=profiles(), help="a values profile from the chart")
-    parser.add_argument("-f", "--values", type=Path, action="append", default=[])
+    add_values_arguments(parser)
     parser.add_argument("--namespace", "-n", default="default")
     parser.add_argument(
         "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
@@ -286,8 +283,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    files = ([PROFILES_DIR / f"{args.profile}.yaml"] if args.profile else []) + args.values
-    values = chart_values(files)
+    values = chart_values(values_files(args))
     cluster = KubernetesCluster(args.kubeconfig, args.context)
     try:
         checks = check_cluster(values, args.namespace, cluster)

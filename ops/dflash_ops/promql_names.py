@@ -35,6 +35,19 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+# Variable values that select everything a test Prometheus holds (the local stack labels its
+# targets release="local"; the baseline panels compare the release with itself).
+ALL_SERIES_VARIABLES = {
+    "namespace": ".*",
+    "release": ".*",
+    "pod": ".*",
+    "model": ".*",
+    "baseline": "local",
+    "datasource": "prometheus",
+    "__rate_interval": "1m",
+}
+
+
 def expand_grafana(expr: str, values: dict[str, str]) -> str:
     """Substitute Grafana variables ($name, ${name}) the way a dashboard would at query time."""
     expanded = re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], expr)

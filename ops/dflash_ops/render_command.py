@@ -68,6 +68,21 @@ def render_examples(out: Path = EXAMPLES_DIR) -> list[Path]:
     return written
 
 
+def add_values_arguments(parser: argparse.ArgumentParser) -> None:
+    """--profile and -f/--values, as `render` and `preflight` take them."""
+    parser.add_argument("--profile", choices=profiles(), help="a values profile from the chart")
+    parser.add_argument("-f", "--values", type=Path, action="append", default=[])
+
+
+def values_files(args: argparse.Namespace) -> list[Path]:
+    files: list[Path] = [PROFILES_DIR / f"{args.profile}.yaml"] if args.profile else []
+    files += args.values
+    for path in files:
+        if not path.is_file():
+            raise UserError(f"values file {path} not found")
+    return files
+
+
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "render",
@@ -77,8 +92,7 @@ def register(subparsers: Any) -> None:
             "`helm install` would create, including the block size the chart picked."
         ),
     )
-    parser.add_argument("--profile", choices=profiles(), help="a values profile from the chart")
-    parser.add_argument("-f", "--values", type=Path, action="append", default=[])
+    add_values_arguments(parser)
     parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value")
     parser.add_argument("--release", default=EXAMPLE_RELEASE)
     parser.add_argument("--namespace", default=EXAMPLE_NAMESPACE)
@@ -95,9 +109,5 @@ def run(args: argparse.Namespace) -> int:
         for path in render_examples():
             print(f"wrote {path}", file=sys.stderr)
         return 0
-    files = ([PROFILES_DIR / f"{args.profile}.yaml"] if args.profile else []) + args.values
-    for path in files:
-        if not path.is_file():
-            raise UserError(f"values file {path} not found")
-    sys.stdout.write(helm_template(files, args.sets, args.release, args.namespace))
+    sys.stdout.write(helm_template(values_files(args), args.sets, args.release, args.namespace))
     return 0

@@ -13,6 +13,7 @@ import pytest
 from dflash_ops.bench.client import Endpoint
 from dflash_ops.local import stack
 from dflash_ops.promql_names import (
+    ALL_SERIES_VARIABLES,
     dashboard_expressions,
     expand_grafana,
     metric_names,
@@ -21,15 +22,6 @@ from dflash_ops.promql_names import (
 
 pytestmark = pytest.mark.e2e
 
-VALUES = {
-    "namespace": ".*",
-    "release": ".*",
-    "pod": ".*",
-    "model": ".*",
-    "baseline": "local",
-    "datasource": "prom",
-    "__rate_interval": "1m",
-}
 # Returns data only when a baseline deployment (role="baseline") runs beside this one.
 NEEDS_BASELINE = {"DFlashSlowerThanBaseline"}
 
@@ -78,7 +70,7 @@ def prometheus_under_load(local_stack: stack.StackState) -> str:
 def test_speculative_dashboard_queries_return_data(prometheus_under_load: str) -> None:
     empty = []
     for board, title, expr in dashboard_expressions():
-        expanded = expand_grafana(expr, VALUES)
+        expanded = expand_grafana(expr, ALL_SERIES_VARIABLES)
         result = query(prometheus_under_load, expanded)
         if board == "speculative-decoding.json" and not result:
             empty.append(f"{title}: {expanded}")
@@ -88,7 +80,9 @@ def test_speculative_dashboard_queries_return_data(prometheus_under_load: str) -
 def test_every_metric_name_in_dashboards_and_rules_exists(prometheus_under_load: str) -> None:
     problems = []
     for _, title, expr in dashboard_expressions():
-        if missing := missing_metrics(prometheus_under_load, expand_grafana(expr, VALUES)):
+        if missing := missing_metrics(
+            prometheus_under_load, expand_grafana(expr, ALL_SERIES_VARIABLES)
+        ):
             problems.append(f"{title}: {sorted(missing)}")
     for name, expr in rule_expressions():
         if missing := missing_metrics(prometheus_under_load, expr):

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from dflash_ops import dashboards
 from dflash_ops.promql_names import (
+    ALL_SERIES_VARIABLES,
     DASHBOARD_DIR,
     RULES_DIR,
     dashboard_expressions,
@@ -19,16 +20,6 @@ from dflash_ops.promql_names import (
 )
 
 from tests.conftest import REPO_ROOT, find_tool
-
-GRAFANA_VALUES = {
-    "namespace": ".*",
-    "release": ".*",
-    "pod": ".*",
-    "model": ".*",
-    "baseline": "local",
-    "datasource": "prom",
-    "__rate_interval": "1m",
-}
 
 
 def test_promtool_checks_the_rules() -> None:
@@ -88,7 +79,7 @@ def test_every_panel_has_unit_description_and_queries(name: str) -> None:
 def test_every_expression_parses_and_names_known_families() -> None:
     known_prefixes = ("vllm:", "dflash_", "dflash:")
     expressions = [e for _, e in rule_expressions()] + [
-        expand_grafana(e, GRAFANA_VALUES) for _, _, e in dashboard_expressions()
+        expand_grafana(e, ALL_SERIES_VARIABLES) for _, _, e in dashboard_expressions()
     ]
     for expr in expressions:
         names = metric_names(expr)

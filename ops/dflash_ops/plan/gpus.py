@@ -11,6 +11,12 @@ QSA_KERNEL_BLOCK = 16
 FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
 
 
+_HOPPER_REASON = (
+    "SM90: GDN prefill runs FlashInfer, whose align-mode checkpoints land on "
+    "64-token boundaries: alignment lcm(16, 64) = 64"
+)
+
+
 class GpuProfile(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -43,10 +49,7 @@ GPUS: dict[str, GpuProfile] = {
         memory_gib=80,
         compute_capability=(9, 0),
         prefill_checkpoint_alignment=FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
-        alignment_reason=(
-            "SM90: GDN prefill runs FlashInfer, whose align-mode checkpoints land on "
-            "64-token boundaries: alignment lcm(16, 64) = 64"
-        ),
+        alignment_reason=_HOPPER_REASON,
     ),
     "h200": GpuProfile(
         name="h200",
@@ -54,10 +57,7 @@ GPUS: dict[str, GpuProfile] = {
         memory_gib=141,
         compute_capability=(9, 0),
         prefill_checkpoint_alignment=FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
-        alignment_reason=(
-            "SM90: GDN prefill runs FlashInfer, whose align-mode checkpoints land on "
-            "64-token boundaries: alignment lcm(16, 64) = 64"
-        ),
+        alignment_reason=_HOPPER_REASON,
     ),
     "b200": GpuProfile(
         name="b200",
