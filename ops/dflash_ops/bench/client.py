@@ -14,12 +14,18 @@ _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
 
 
 class Endpoint:
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            transport=transport,
         )
 
     async def aclose(self) -> None:
