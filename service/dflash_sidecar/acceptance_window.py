@@ -12,6 +12,19 @@ from dataclasses import dataclass
 from dflash_sidecar.exposition import SeriesSample
 
 
+def acceptance_ratios(
+    drafts: float, draft_tokens: float, accepted: float, accepted_per_pos: list[float]
+) -> tuple[float | None, float | None, list[float]]:
+    """Mean acceptance length (1 + accepted / drafts), drafted-token acceptance rate
+    (accepted / draft_tokens) and per-position acceptance (accepted_per_pos[i] / drafts);
+    None (or empty) where the denominator is zero, so never NaN."""
+    return (
+        1 + accepted / drafts if drafts > 0 else None,
+        accepted / draft_tokens if draft_tokens > 0 else None,
+        [p / drafts for p in accepted_per_pos] if drafts > 0 else [],
+    )
+
+
 @dataclass(frozen=True)
 class Snapshot:
     at: float  # monotonic seconds

@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from dflash_sidecar import exposition
-from dflash_sidecar.acceptance_window import AcceptanceWindow, Delta, Snapshot
+from dflash_sidecar.acceptance_window import (
+    AcceptanceWindow,
+    Delta,
+    Snapshot,
+    acceptance_ratios,
+)
 from dflash_sidecar.exposition import SeriesKey
 from dflash_sidecar.models import Readiness, ScrapeHealth, SeriesStats, StatsResponse, WindowStats
 from dflash_sidecar.settings import SidecarSettings
@@ -225,17 +230,16 @@ class EngineMonitor:
                 verdict_reason=reason,
             )
         drafts = delta.drafts
-        mal = 1 + delta.accepted / drafts if drafts > 0 else None
-        per_pos = [a / drafts for a in delta.accepted_per_pos] if drafts > 0 else []
+        mal, rate, per_pos = acceptance_ratios(
+            drafts, delta.draft_tokens, delta.accepted, list(delta.accepted_per_pos)
+        )
         verdict, reason = judge(drafts, mal, per_pos, thresholds)
         return WindowStats(
             window_seconds=seconds,
             span_seconds=delta.seconds,
             drafts=drafts,
             mean_acceptance_length=mal,
-            draft_acceptance_rate=delta.accepted / delta.draft_tokens
-            if delta.draft_tokens > 0
-            else None,
+            draft_acceptance_rate=rate,
             per_position_acceptance=per_pos,
             output_tokens_per_s=delta.generation_tokens / delta.seconds,
             drafts_per_s=drafts / delta.seconds,
@@ -276,8 +280,18 @@ class EngineMonitor:
             ),
         )
 
+    def _total_delta(self, seconds: float) -> Delta | None:
+        """All series' increase over the last `seconds`, summed."""
+        total: Delta | None = None
+        for window in self.windows.values():
+            delta = window.delta(seconds)
+            if delta is not None:
+                total = delta if total is None else total + delta
+        return total
+
     def _update_verdict(self) -> None:
-        stats = self.stats().windows[self.settings.verdict_window]
+        seconds = self.settings.windows[self.settings.verdict_window]
+        stats = self._window_stats(self._total_delta(seconds), seconds)
         if stats.verdict != self._verdict:
             previous, self._verdict = self._verdict, stats.verdict
             for listener in self.verdict_listeners:

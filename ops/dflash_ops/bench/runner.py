@@ -10,6 +10,7 @@ import sys
 import time
 from importlib import resources
 
+from dflash_sidecar.acceptance_window import acceptance_ratios
 from dflash_sidecar.exposition import SeriesSample
 
 from dflash_ops.bench.client import Endpoint
@@ -64,13 +65,14 @@ def spec_delta(before: SeriesSample | None, after: SeriesSample | None) -> SpecD
     per_pos = [
         after.accepted_per_pos.get(i, 0.0) - before.accepted_per_pos.get(i, 0.0) for i in positions
     ]
+    mal, rate, per_position = acceptance_ratios(drafts, draft_tokens, accepted, per_pos)
     return SpecDecodeStats(
         drafts=drafts,
         draft_tokens=draft_tokens,
         accepted=accepted,
-        mean_acceptance_length=1 + accepted / drafts if drafts > 0 else None,
-        draft_acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
-        per_position_acceptance=[p / drafts for p in per_pos] if drafts > 0 else [],
+        mean_acceptance_length=mal,
+        draft_acceptance_rate=rate,
+        per_position_acceptance=per_position,
     )
 
 

@@ -27,6 +27,8 @@ from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
 
 SpecMethod = Literal["draft_model", "ngram", "off"]
 SERVED_MODEL = "tiny"
+# The URL path that answers 200 once each component is ready.
+READY_PATHS = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}
 
 
 class StackConfig(BaseModel):
@@ -236,7 +238,7 @@ def up(config: StackConfig) -> StackState:
         _save_state(state)
         _wait(
             engine,
-            lambda: _http_ok(f"{engine_url}/health"),
+            lambda: _http_ok(engine_url + READY_PATHS["engine"]),
             config.engine_timeout_s,
             "engine starting",
         )
@@ -260,7 +262,10 @@ def up(config: StackConfig) -> StackState:
         processes.append(sidecar)
         _save_state(state)
         _wait(
-            sidecar, lambda: _http_ok(f"{sidecar_url}/readyz"), 120, "sidecar waiting for readiness"
+            sidecar,
+            lambda: _http_ok(sidecar_url + READY_PATHS["sidecar"]),
+            120,
+            "sidecar waiting for readiness",
         )
 
         prometheus_bin = shutil.which("prometheus")
@@ -275,7 +280,12 @@ def up(config: StackConfig) -> StackState:
             prometheus = _spawn("prometheus", prom_argv, prom_url, config)
             processes.append(prometheus)
             _save_state(state)
-            _wait(prometheus, lambda: _http_ok(f"{prom_url}/-/ready"), 60, "prometheus starting")
+            _wait(
+                prometheus,
+                lambda: _http_ok(prom_url + READY_PATHS["prometheus"]),
+                60,
+                "prometheus starting",
+            )
         elif config.prometheus:
             _say("prometheus is not installed: skipping it (apt-get install prometheus)")
     except BaseException:
@@ -322,7 +332,7 @@ def restart_process(state: StackState, name: str) -> ProcessRecord:
     fresh = _spawn(name, record.argv, record.url, config, env=env)
     state.processes[index] = fresh
     _save_state(state)
-    probe = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}[name]
+    probe = READY_PATHS[name]
     _wait(fresh, lambda: _http_ok(fresh.url + probe), config.engine_timeout_s, f"{name} restarting")
     return fresh
 
@@ -333,7 +343,7 @@ def status(state_dir: Path) -> list[dict[str, object]]:
         return []
     rows: list[dict[str, object]] = []
     for record in state.processes:
-        probe = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}[record.name]
+        probe = READY_PATHS[record.name]
         alive = _alive(record)
         rows.append(
             {
