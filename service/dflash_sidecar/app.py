@@ -1,9 +1,14 @@
-"""The sidecar's FastAPI app: liveness, readiness, Prometheus metrics and JSON stats."""
+"""The sidecar's FastAPI app: liveness, readiness, Prometheus metrics and JSON stats.
+
+No engine input can make an endpoint answer 5xx: `/readyz` and `/livez/engine` answer 503 on
+purpose (that is their answer), `/stats` and `/metrics` always answer with what can be computed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Response
@@ -13,8 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.events import VerdictEvents
 from dflash_sidecar.metrics import build_registry
-from dflash_sidecar.models import Readiness, StatsResponse
+from dflash_sidecar.models import EngineLiveness, Readiness, StatsResponse
 from dflash_sidecar.settings import SidecarSettings
+
+log = logging.getLogger("dflash_sidecar")
 
 
 def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) -> FastAPI:
@@ -43,6 +50,11 @@ def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) 
     @app.get("/livez")
     async def livez() -> dict[str, str]:
         return {"status": "alive"}
+
+    @app.get("/livez/engine", response_model=EngineLiveness)
+    async def engine_livez() -> JSONResponse:
+        liveness = monitor.liveness()
+        return JSONResponse(liveness.model_dump(), status_code=200 if liveness.alive else 503)
 
     @app.get("/readyz", response_model=Readiness)
     async def readyz() -> JSONResponse:

@@ -1,8 +1,13 @@
 """Read the speculative-decoding and throughput counters out of vLLM's Prometheus text.
 
-Only the few families the sidecar needs are parsed: `str.find` jumps from one of their lines to
-the next, so the hundreds of histogram lines of a large exposition cost almost nothing. A line
-of a wanted family that does not parse is counted, never fatal.
+Only the few families the sidecar needs are parsed: `str.find` jumps from one of their names to
+the next, so the hundreds of histogram lines of a large exposition cost almost nothing. What is
+parsed follows the text format (and prometheus_client's reader of it): leading whitespace and
+CRLF line ends, escaped label values (`\\\\`, `\\"`, `\\n`), an optional timestamp, and an
+OpenMetrics exemplar after ` # `. A line of a wanted family that does not parse, a counter that
+is NaN, infinite or negative, and a series that appears twice are recorded as problems of the
+sample (the monitor drops such a sample for that scrape); a NaN gauge is a legitimate value and
+is simply not used.
 """
 
 from __future__ import annotations
@@ -19,8 +24,30 @@ GENERATION_TOKENS = "vllm:generation_tokens"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 
-_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS, GENERATION_TOKENS)
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# Sample name in the exposition -> family.
+_FAMILY = {
+    "vllm:spec_decode_num_drafts_total": DRAFTS,
+    "vllm:spec_decode_num_draft_tokens_total": DRAFT_TOKENS,
+    "vllm:spec_decode_num_accepted_tokens_total": ACCEPTED,
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total": ACCEPTED_PER_POS,
+    "vllm:generation_tokens_total": GENERATION_TOKENS,
+    "vllm:num_requests_running": REQUESTS_RUNNING,
+    "vllm:num_requests_waiting": REQUESTS_WAITING,
+}
+COUNTERS = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS, GENERATION_TOKENS})
+SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
+# Name prefixes worth looking at; `str.find` jumps between them at C speed.
+_NEEDLES = (
+    "vllm:spec_decode_num_",
+    "vllm:generation_tokens_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+_NAME_END = re.compile(r"[{ \t\r]")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,?)')
+_ESCAPE = re.compile(r"\\(.)")
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+_VLLM_LINE = re.compile(r"(?m)^[ \t]*vllm:")
 
 SeriesKey = tuple[tuple[str, str], ...]  # sorted (label, value) pairs, `position` excluded
 
@@ -37,94 +64,134 @@ class SeriesSample:
     requests_running: float = 0.0
     requests_waiting: float = 0.0
     has_spec_decode: bool = False
+    present: set[str] = field(default_factory=set)  # counter families seen for this series
+    problems: list[str] = field(default_factory=list)  # why this sample cannot be trusted
 
 
 @dataclass
 class ParsedExposition:
     series: dict[SeriesKey, SeriesSample]
     is_vllm: bool  # any vllm: series at all; False means this is not a vLLM /metrics page
-    errors: list[str]
+    errors: list[str]  # lines of wanted families that do not parse
 
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*$")
-_FAMILY = {
-    "vllm:spec_decode_num_drafts_total": DRAFTS,
-    "vllm:spec_decode_num_draft_tokens_total": DRAFT_TOKENS,
-    "vllm:spec_decode_num_accepted_tokens_total": ACCEPTED,
-    "vllm:spec_decode_num_accepted_tokens_per_pos_total": ACCEPTED_PER_POS,
-    "vllm:generation_tokens_total": GENERATION_TOKENS,
-    "vllm:num_requests_running": REQUESTS_RUNNING,
-    "vllm:num_requests_waiting": REQUESTS_WAITING,
-}
-# Line prefixes worth looking at; `str.find` jumps between them at C speed.
-_NEEDLES = tuple(
-    "\n" + p
-    for p in (
-        "vllm:spec_decode_num_",
-        "vllm:generation_tokens_total",
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-    )
-)
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(0)), value)
+
+
+def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int] | None:
+    """Labels from `text[start:]` (just after `{`) up to the closing `}`: (labels, index after
+    `}`), or None when they do not parse."""
+    labels: dict[str, str] = {}
+    pos = start
+    while True:
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos < len(text) and text[pos] == "}":
+            return labels, pos + 1
+        match = _LABEL.match(text, pos)
+        if match is None:
+            return None
+        name, value, comma = match.groups()
+        if name in labels:
+            return None
+        labels[name] = _unescape(value)
+        pos = match.end()
+        if not comma:
+            while pos < len(text) and text[pos] in " \t":
+                pos += 1
+            return (labels, pos + 1) if pos < len(text) and text[pos] == "}" else None
+
+
+def _parse_value(text: str) -> float | None:
+    """The sample value of the text after the labels: `value [timestamp] [# exemplar]`."""
+    exemplar = text.find(" # ")
+    if exemplar != -1:
+        text = text[:exemplar]
+    parts = text.split()
+    if not parts or len(parts) > 2 or "_" in parts[0]:
+        return None
+    try:
+        return float(parts[0])
+    except ValueError:
+        return None
 
 
 def _candidate_lines(text: str) -> list[str]:
-    padded = "\n" + text
+    """Lines of `text` whose metric name starts with one of the needles (after optional
+    leading blanks); never a needle inside a label value, a HELP text or a comment."""
     lines = []
     for needle in _NEEDLES:
-        pos = padded.find(needle)
+        pos = text.find(needle)
         while pos != -1:
-            end = padded.find("\n", pos + 1)
-            end = len(padded) if end == -1 else end
-            lines.append(padded[pos + 1 : end])
-            pos = padded.find(needle, end)
+            line_start = text.rfind("\n", 0, pos) + 1
+            end = text.find("\n", pos)
+            end = len(text) if end == -1 else end
+            if pos == line_start or not text[line_start:pos].strip(" \t"):
+                lines.append(text[pos:end])
+            pos = text.find(needle, end)
     return lines
 
 
 def parse(text: str) -> ParsedExposition:
     series: dict[SeriesKey, SeriesSample] = {}
     errors: list[str] = []
+    seen: set[tuple[str, SeriesKey, str | None]] = set()
     for line in _candidate_lines(text):
-        if line.startswith("vllm:spec_decode_num_") and "_created" in line.split("{", 1)[0]:
-            continue  # prometheus_client's creation-time samples
-        match = _LINE.match(line)
-        family = _FAMILY.get(match.group(1)) if match else None
-        if match is None or family is None:
-            if match is None:
-                errors.append(f"unparsable line: {line[:120]!r}")
+        line = line.rstrip(" \t\r")
+        match = _NAME_END.search(line)
+        name = line[: match.start()] if match else line
+        family = _FAMILY.get(name)
+        if family is None:  # `_created` samples, families the sidecar does not read
             continue
-        labels_text, value_text = match.group(2), match.group(3)
-        try:
-            value = float(value_text)
-        except ValueError:
-            errors.append(f"bad value {value_text!r} in {family}")
+        labels: dict[str, str] = {}
+        rest_at = len(name)
+        if rest_at < len(line) and line[rest_at] == "{":
+            parsed_labels = _parse_labels(line, rest_at + 1)
+            if parsed_labels is None:
+                errors.append(f"unparsable labels: {line[:120]!r}")
+                continue
+            labels, rest_at = parsed_labels
+        value = _parse_value(line[rest_at:])
+        if value is None:
+            errors.append(f"unparsable value: {line[:120]!r}")
             continue
-        if math.isnan(value) or math.isinf(value) or (family in _COUNTERS and value < 0):
-            errors.append(f"invalid value {value_text} in {family}")
-            continue
-        labels = dict(_LABEL.findall(labels_text)) if labels_text else {}
         position = labels.pop("position", None)
-        key = tuple(sorted(labels.items()))
+        key: SeriesKey = tuple(sorted(labels.items()))
         sample = series.get(key)
         if sample is None:
             sample = series[key] = SeriesSample()
+        identity = (family, key, position)
+        if identity in seen:
+            sample.problems.append(f"{name} appears twice")
+            continue
+        seen.add(identity)
+        if family not in COUNTERS:
+            if math.isfinite(value):
+                if family == REQUESTS_RUNNING:
+                    sample.requests_running = value
+                else:
+                    sample.requests_waiting = value
+            continue
+        if not math.isfinite(value) or value < 0:
+            sample.problems.append(f"{name} is {value}")
+            continue
         if family == ACCEPTED_PER_POS:
             if position is None or not position.isdigit():
-                errors.append(f"{family} without a numeric position label")
+                sample.problems.append(f"{name} without a numeric position label")
                 continue
             sample.accepted_per_pos[int(position)] = value
             sample.has_spec_decode = True
         elif family == DRAFTS:
             sample.drafts, sample.has_spec_decode = value, True
         elif family == DRAFT_TOKENS:
-            sample.draft_tokens = value
+            sample.draft_tokens, sample.has_spec_decode = value, True
         elif family == ACCEPTED:
-            sample.accepted = value
-        elif family == GENERATION_TOKENS:
+            sample.accepted, sample.has_spec_decode = value, True
+        else:
             sample.generation_tokens = value
-        elif family == REQUESTS_RUNNING:
-            sample.requests_running = value
-        elif family == REQUESTS_WAITING:
-            sample.requests_waiting = value
-    is_vllm = text.startswith("vllm:") or "\nvllm:" in text
+        sample.present.add(family)
+    is_vllm = _VLLM_LINE.search(text) is not None
     return ParsedExposition(series=series, is_vllm=is_vllm, errors=errors)

@@ -1,26 +1,125 @@
-"""The sidecar's own Prometheus series (prefix `dflash_`), built from the monitor on scrape."""
+"""The sidecar's own Prometheus series (prefix `dflash_`), built from the monitor on scrape.
+
+The engine-state series come first and do not depend on the acceptance windows: whatever the
+engine sent, `dflash_engine_ready`, `dflash_engine_up` and `dflash_engine_state` are exported.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dflash_sidecar.engine_monitor import EngineMonitor
+from dflash_sidecar.engine_monitor import ERROR_KINDS, EngineMonitor
+from dflash_sidecar.engine_state import EngineState
+from dflash_sidecar.log_limiter import LogLimiter
 from dflash_sidecar.models import WindowStats
 from dflash_sidecar.verdict import VERDICT_CODES, Verdict
+
+log = logging.getLogger("dflash_sidecar")
 
 
 class SidecarCollector(Collector):
     def __init__(self, monitor: EngineMonitor) -> None:
         self.monitor = monitor
+        self.logs = LogLimiter(log)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._engine()
+        yield from self._scrape_health()
+        try:
+            families = list(self._acceptance())
+        except Exception:  # never lose the engine series above to a bug in the figures
+            self.logs.log(logging.ERROR, "collect", "acceptance metrics failed", exc_info=True)
+            families = []
+        yield from families
+
+    def _engine(self) -> Iterator[Metric]:
         monitor = self.monitor
-        stats = monitor.stats()
         readiness = monitor.readiness()
+        ready = GaugeMetricFamily(
+            "dflash_engine_ready",
+            "1 when the sidecar finds the engine ready (healthy, generating).",
+        )
+        ready.add_metric([], 1.0 if readiness.ready else 0.0)
+        yield ready
+        up = GaugeMetricFamily("dflash_engine_up", "1 when the engine's /health answered 200.")
+        up.add_metric([], 1.0 if monitor.probe.health_ok else 0.0)
+        yield up
+        state = GaugeMetricFamily(
+            "dflash_engine_state",
+            "1 for the engine's current state: starting (loading, within the startup budget), "
+            "start_timeout, serving, not_generating (/health 200 without generation), down "
+            "(served before, /health fails now).",
+            labels=["state"],
+        )
+        for value in EngineState:
+            state.add_metric([value.value], 1.0 if value is monitor.engine.state else 0.0)
+        yield state
+        seconds = GaugeMetricFamily(
+            "dflash_engine_state_seconds", "Seconds the engine has been in its current state."
+        )
+        seconds.add_metric([], monitor.engine.seconds_in_state(time.monotonic()))
+        yield seconds
+        budget = GaugeMetricFamily(
+            "dflash_engine_startup_budget_seconds",
+            "Seconds an engine may take to load before it counts as failed to start.",
+        )
+        budget.add_metric([], monitor.settings.startup_budget_s)
+        yield budget
+        started = GaugeMetricFamily(
+            "dflash_sidecar_start_time_seconds", "Unix time the sidecar started watching."
+        )
+        started.add_metric([], monitor.started_at_unix)
+        yield started
+
+    def _scrape_health(self) -> Iterator[Metric]:
+        monitor = self.monitor
+        scrapes = CounterMetricFamily("dflash_scrapes", "Engine /metrics pages read.")
+        scrapes.add_metric([], monitor.scrapes.ok)
+        yield scrapes
+        errors = CounterMetricFamily(
+            "dflash_scrape_errors",
+            "Failed engine probes by kind (connect, timeout, http_status, not_vllm_metrics, "
+            "canary, internal).",
+            labels=["kind"],
+        )
+        for kind in ERROR_KINDS:
+            errors.add_metric([kind], monitor.scrapes.errors.get(kind, 0))
+        yield errors
+        parse = CounterMetricFamily(
+            "dflash_parse_errors", "Unparsable lines of the families the sidecar reads."
+        )
+        parse.add_metric([], monitor.scrapes.parse_errors)
+        yield parse
+        dropped = CounterMetricFamily(
+            "dflash_dropped_samples",
+            "Engine samples not used for a scrape, by reason: untrusted (NaN, infinite, "
+            "negative or duplicated counter), incomplete (a counter missing), inconsistent "
+            "(a counter went back without an engine restart).",
+            labels=["reason"],
+        )
+        for reason in ("untrusted", "incomplete", "inconsistent"):
+            dropped.add_metric([reason], monitor.scrapes.dropped_samples.get(reason, 0))
+        yield dropped
+        series = CounterMetricFamily(
+            "dflash_dropped_series", "Scrapes of label sets beyond max_series, not tracked."
+        )
+        series.add_metric([], monitor.dropped_series)
+        yield series
+        durations = monitor.scrapes.durations
+        last = GaugeMetricFamily(
+            "dflash_scrape_duration_seconds", "Duration of the last engine probe cycle."
+        )
+        last.add_metric([], durations[-1] if durations else 0.0)
+        yield last
+
+    def _acceptance(self) -> Iterator[Metric]:
+        stats = self.monitor.stats()
         labels = ["window", "model_name", "engine"]
         mal = GaugeMetricFamily(
             "dflash_mean_acceptance_length",
@@ -75,55 +174,18 @@ class SidecarCollector(Collector):
                 verdict.add_metric([*values, v.value], 1.0 if v == ws.verdict else 0.0)
             verdict_code.add_metric(values, VERDICT_CODES[ws.verdict])
 
-        for series in stats.series:
-            model = series.labels.get("model_name", "")
-            engine = series.labels.get("engine", "")
-            for window, ws in series.windows.items():
-                add(window, model, engine, ws)
-        yield from (mal, rate, position, tokens, drafts, verdict, verdict_code)
-
-        ready = GaugeMetricFamily(
-            "dflash_engine_ready", "1 when the sidecar finds the engine ready."
-        )
-        ready.add_metric([], 1.0 if readiness.ready else 0.0)
-        up = GaugeMetricFamily("dflash_engine_up", "1 when the engine's /health answered 200.")
-        up.add_metric([], 1.0 if monitor.probe.health_ok else 0.0)
-        yield ready
-        yield up
-        scrapes = CounterMetricFamily("dflash_scrapes", "Engine /metrics scrapes parsed.")
-        scrapes.add_metric([], monitor.scrapes.ok)
-        yield scrapes
-        errors = CounterMetricFamily(
-            "dflash_scrape_errors", "Failed engine probes by kind.", labels=["kind"]
-        )
-        for kind in ("connect", "timeout", "http_status", "not_vllm_metrics", "canary", "internal"):
-            errors.add_metric([kind], monitor.scrapes.errors.get(kind, 0))
-        yield errors
-        parse = CounterMetricFamily("dflash_parse_errors", "Malformed lines in engine /metrics.")
-        parse.add_metric([], monitor.scrapes.parse_errors)
-        yield parse
         resets = CounterMetricFamily(
             "dflash_counter_resets",
             "Engine counter resets seen (engine restarts); each restarts the windows.",
             labels=["model_name", "engine"],
         )
         for series in stats.series:
-            resets.add_metric(
-                [series.labels.get("model_name", ""), series.labels.get("engine", "")],
-                series.counter_resets,
-            )
-        yield resets
-        dropped = CounterMetricFamily(
-            "dflash_dropped_series", "Scrapes of label sets beyond max_series, not tracked."
-        )
-        dropped.add_metric([], monitor.dropped_series)
-        yield dropped
-        durations = monitor.scrapes.durations
-        last = GaugeMetricFamily(
-            "dflash_scrape_duration_seconds", "Duration of the last engine probe cycle."
-        )
-        last.add_metric([], durations[-1] if durations else 0.0)
-        yield last
+            model = series.labels.get("model_name", "")
+            engine = series.labels.get("engine", "")
+            for window, ws in series.windows.items():
+                add(window, model, engine, ws)
+            resets.add_metric([model, engine], series.counter_resets)
+        yield from (mal, rate, position, tokens, drafts, verdict, verdict_code, resets)
 
 
 def build_registry(monitor: EngineMonitor) -> CollectorRegistry:

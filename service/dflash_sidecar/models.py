@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from dflash_sidecar.engine_state import EngineState
 from dflash_sidecar.verdict import Verdict
 
 
 class Readiness(BaseModel):
     ready: bool
     reason: str
+    state: EngineState
     checks: dict[str, bool] = Field(default_factory=dict)
+
+
+class EngineLiveness(BaseModel):
+    alive: bool = Field(description="false: the kubelet should restart the engine container")
+    state: EngineState
+    reason: str
 
 
 class WindowStats(BaseModel):
@@ -36,6 +44,9 @@ class ScrapeHealth(BaseModel):
     scrapes_ok: int
     scrape_errors: dict[str, int]
     parse_errors: int
+    dropped_samples: dict[str, int] = Field(
+        description="engine samples not used, by reason (untrusted, incomplete, inconsistent)"
+    )
     last_error: str | None
     last_scrape_age_s: float | None
 
@@ -43,6 +54,7 @@ class ScrapeHealth(BaseModel):
 class StatsResponse(BaseModel):
     ready: bool
     reason: str
+    engine_state: EngineState
     windows: dict[str, WindowStats] = Field(description="all series together")
     series: list[SeriesStats]
     scrape: ScrapeHealth

@@ -22,15 +22,33 @@ class SidecarSettings(BaseModel):
     scrape_timeout_s: float = Field(default=1.5, gt=0)
     windows: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WINDOWS))
     canary_interval_s: float = Field(
-        default=10.0,
+        default=60.0,
         gt=0,
-        description="how often an idle engine is asked for one token to prove it can generate",
+        description=(
+            "an idle engine is asked for one token at most this often to prove it can generate; "
+            "never while real traffic shows token progress"
+        ),
     )
     canary_timeout_s: float = Field(default=20.0, gt=0)
     stall_timeout_s: float = Field(
         default=120.0, gt=0, description="requests running with no token progress this long"
     )
     served_model: str | None = Field(default=None, description="model for the canary")
+    startup_budget_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="an engine may load this long before it counts as failed to start",
+    )
+    engine_down_grace_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="/livez/engine fails once /health has failed this long after serving",
+    )
+    not_generating_grace_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="/livez/engine fails once /health answers without generation this long",
+    )
     max_series: int = Field(default=32, ge=1, description="engine/model label sets tracked")
     thresholds: VerdictThresholds = Field(default_factory=VerdictThresholds)
     verdict_window: str = "5m"

@@ -4,11 +4,19 @@ import math
 
 import pytest
 from dflash_sidecar import exposition
-from dflash_sidecar.acceptance_window import AcceptanceWindow, Snapshot
+from dflash_sidecar.acceptance_window import (
+    RESTART_AFTER_INCONSISTENT,
+    AcceptanceWindow,
+    SampleProblem,
+    Snapshot,
+    impossible_figures,
+)
 
 from tests.service.conftest import raw_counter
+from tests.service.fake_engine import Counters, vllm_page
 
 KEY = (("engine", "0"), ("model_name", "tiny"))
+STALE = 10.0
 
 
 def snap(
@@ -24,16 +32,23 @@ def snap(
     )
 
 
+def snapshot_of(text: str, at: float) -> Snapshot:
+    made = Snapshot.of(at, exposition.parse(text).series[KEY])
+    assert isinstance(made, Snapshot), made
+    return made
+
+
 def test_delta_between_the_two_recorded_expositions(before_text: str, after_text: str) -> None:
     window = AcceptanceWindow(capacity=10)
-    window.add(Snapshot.of(100.0, exposition.parse(before_text).series[KEY]))
-    window.add(Snapshot.of(130.0, exposition.parse(after_text).series[KEY]))
-    delta = window.delta(60)
+    window.add(snapshot_of(before_text, 100.0))
+    window.add(snapshot_of(after_text, 130.0))
+    delta = window.delta(60, now=130.0, stale_after=STALE)
     assert delta is not None and delta.seconds == 30.0
     name = "vllm:spec_decode_num_drafts_total"
     assert delta.drafts == raw_counter(after_text, name) - raw_counter(before_text, name)
     name = "vllm:generation_tokens_total"
     assert delta.generation_tokens == raw_counter(after_text, name) - raw_counter(before_text, name)
+    assert delta.impossible() is None
 
 
 def test_window_only_spans_its_length() -> None:
@@ -42,20 +57,30 @@ def test_window_only_spans_its_length() -> None:
         window.add(
             snap(float(t), drafts=t * 10, accepted=t * 5, per_pos=(t * 3, t * 2), gen=t * 20)
         )
-    delta = window.delta(60)
+    delta = window.delta(60, now=120.0, stale_after=STALE)
     assert delta is not None
     assert delta.seconds == 60 and delta.drafts == 600 and delta.accepted_per_pos == (180, 120)
 
 
-def test_counter_reset_restarts_the_window_without_negative_rates() -> None:
+def test_windows_end_now_so_a_gone_engine_has_no_figures() -> None:
+    window = AcceptanceWindow(capacity=100)
+    for t in range(0, 61, 2):
+        window.add(snap(float(t), t * 10, t * 5, (t * 3, t * 2), t * 20))
+    assert window.delta(60, now=61.0, stale_after=STALE) is not None
+    # 70 s after the last snapshot: the window must not describe the dead engine as serving.
+    assert window.delta(60, now=130.0, stale_after=STALE) is None
+    assert window.delta(900, now=130.0, stale_after=STALE) is None
+
+
+def test_engine_restart_restarts_the_window_without_negative_rates() -> None:
     window = AcceptanceWindow(capacity=100)
     window.add(snap(0, 1000, 500, (300, 200), 5000))
     window.add(snap(2, 1010, 505, (303, 202), 5050))
-    assert window.add(snap(4, 3, 1, (1, 0), 10))  # engine restarted
+    assert window.add(snap(4, 3, 1, (1, 0), 10)) is True  # generation went back: restart
     assert window.resets == 1 and len(window) == 1
-    assert window.delta(60) is None
+    assert window.delta(60, now=4.0, stale_after=STALE) is None
     window.add(snap(6, 13, 6, (4, 2), 60))
-    delta = window.delta(60)
+    delta = window.delta(60, now=6.0, stale_after=STALE)
     assert delta is not None
     assert all(
         v >= 0 and not math.isnan(v)
@@ -63,10 +88,73 @@ def test_counter_reset_restarts_the_window_without_negative_rates() -> None:
     )
 
 
-def test_a_changed_number_of_positions_is_a_reset() -> None:
+def test_one_counter_going_back_without_a_restart_is_dropped_not_a_reset() -> None:
+    window = AcceptanceWindow(capacity=100)
+    window.add(snap(0, 1000, 500, (300, 200), 5000))
+    lying = snap(2, 1010, 20, (300, 200), 5050)  # accepted went back, generation did not
+    assert window.add(lying) is SampleProblem.INCONSISTENT
+    assert window.resets == 0 and len(window) == 1
+    window.add(snap(4, 1020, 510, (306, 204), 5100))
+    delta = window.delta(60, now=4.0, stale_after=STALE)
+    assert delta is not None and (delta.drafts, delta.accepted) == (20, 10)
+
+
+def test_an_inconsistency_that_persists_is_a_restart() -> None:
+    window = AcceptanceWindow(capacity=100)
+    window.add(snap(0, 1000, 500, (300, 200), 10))
+    for i in range(1, RESTART_AFTER_INCONSISTENT):
+        assert window.add(snap(2.0 * i, 5 + i, 2, (1, 1), 20 + i)) is SampleProblem.INCONSISTENT
+    assert window.add(snap(10, 10, 4, (2, 2), 40)) is True
+    assert window.resets == 1 and len(window) == 1
+
+
+def test_fewer_positions_than_before_is_inconsistent_more_are_fine() -> None:
     window = AcceptanceWindow(capacity=10)
     window.add(snap(0, 10, 5, (3, 2), 50))
-    assert window.add(snap(2, 20, 10, (6, 3, 1), 100))
+    assert window.add(snap(2, 20, 10, (6, 3, 1), 100)) is False
+    assert window.add(snap(4, 30, 15, (9, 6), 150)) is SampleProblem.INCONSISTENT
+
+
+def first_line(page: str, prefix: str) -> str:
+    return next(line for line in page.splitlines() if line.startswith(prefix)) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("page_edit", "problem"),
+    [
+        (lambda p: p.replace("spec_decode_num_drafts_total{", "x_total{", 1), "incomplete"),
+        (lambda p: "\n".join(x for x in p.splitlines() if 'position="2"' not in x), "incomplete"),
+        (lambda p: p + first_line(p, "vllm:spec_decode_num_drafts_total"), "untrusted"),
+        (lambda p: p.replace("} 2000.0\n", "} +Inf\n", 1), "untrusted"),
+        (lambda p: p.replace("} 500.0\n", "} NaN\n", 1), "untrusted"),
+        (
+            lambda p: "\n".join(x for x in p.splitlines() if "generation_tokens_total" not in x),
+            "incomplete",
+        ),
+    ],
+    ids=["no-drafts", "cut-positions", "duplicate", "inf", "nan", "no-generation"],
+)
+def test_samples_that_cannot_be_trusted_are_refused(page_edit, problem: str) -> None:  # type: ignore[no-untyped-def]
+    c = Counters()
+    c.step(500, [300, 200, 100, 50])
+    page = page_edit(vllm_page(c))
+    sample = exposition.parse(page).series[KEY]
+    assert Snapshot.of(0.0, sample) == SampleProblem(problem)
+
+
+@pytest.mark.parametrize(
+    ("figures", "why"),
+    [
+        ((10, 40, 41, [10, 10, 10, 10]), "accepted of"),
+        ((10, 40, 12, [11, 1, 0, 0]), "more often than there were drafts"),
+        ((10, 50, 20, [10, 5, 5, 0]), "more than 4 draft tokens per draft"),
+        ((100, 400, 200, [10, 5, 5, 0]), "sums to"),
+        ((10, 40, 10, [5, 3, 2, 0]), None),
+    ],
+)
+def test_impossible_figures_are_named(figures, why: str | None) -> None:  # type: ignore[no-untyped-def]
+    reason = impossible_figures(*figures)
+    assert (reason is None) if why is None else (why in (reason or ""))
 
 
 def test_memory_is_bounded() -> None:

@@ -32,9 +32,12 @@ def test_malformed_lines_are_counted_not_fatal(after_text: str) -> None:
         'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} NaN\n'
     )
     parsed = exposition.parse(broken)
-    assert len(parsed.errors) == 3
-    # The good lines before the garbage still count.
+    assert len(parsed.errors) == 2  # the lines that do not parse
+    # The good lines before the garbage still count; the repeated (NaN) series taints the sample.
     assert parsed.series[KEY].drafts == raw_counter(after_text, "vllm:spec_decode_num_drafts_total")
+    assert parsed.series[KEY].problems == [
+        "vllm:spec_decode_num_accepted_tokens_total appears twice"
+    ]
 
 
 def test_a_page_that_is_not_vllm_metrics() -> None:
@@ -59,3 +62,58 @@ def test_server_without_speculative_metrics(after_text: str) -> None:
     parsed = exposition.parse(plain)
     assert not parsed.series[KEY].has_spec_decode
     assert parsed.series[KEY].generation_tokens > 0
+
+
+def test_escaped_label_values_are_unescaped(after_text: str) -> None:
+    page = after_text.replace('model_name="tiny"', 'model_name="a \\"quoted\\" \\\\ path\\nname"')
+    parsed = exposition.parse(page)
+    assert parsed.errors == []
+    assert list(parsed.series) == [(("engine", "0"), ("model_name", 'a "quoted" \\ path\nname'))]
+
+
+def test_crlf_leading_whitespace_and_timestamps(after_text: str) -> None:
+    page = "\r\n".join(
+        ("  \t" + line + " 1700000000000") if line.startswith("vllm:") else line
+        for line in after_text.splitlines()
+    )
+    parsed = exposition.parse(page)
+    assert parsed.errors == []
+    sample = parsed.series[KEY]
+    assert sample.drafts == raw_counter(after_text, "vllm:spec_decode_num_drafts_total")
+    assert sample.problems == []
+
+
+def test_openmetrics_exemplars_do_not_change_the_value(after_text: str) -> None:
+    page = after_text.replace(
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 500.0',
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 500.0 '
+        '# {trace_id="4bf92f3577b34da6"} 7.0 1700000000.123',
+    )
+    assert page != after_text
+    assert exposition.parse(page).series[KEY].drafts == 500.0
+
+
+def test_nan_gauges_are_values_not_errors(after_text: str) -> None:
+    page = after_text.replace(
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="tiny"} NaN',
+    )
+    assert page != after_text
+    parsed = exposition.parse(page)
+    assert parsed.errors == [] and parsed.series[KEY].problems == []
+
+
+def test_names_inside_help_text_or_label_values_are_not_samples(after_text: str) -> None:
+    page = (
+        "# HELP x mentions vllm:spec_decode_num_drafts_total{} 9e9 in its help\n"
+        'other_metric{note="vllm:generation_tokens_total 7"} 1\n' + after_text
+    )
+    sample = exposition.parse(page).series[KEY]
+    assert sample.drafts == raw_counter(after_text, "vllm:spec_decode_num_drafts_total")
+    assert sample.problems == []
+
+
+def test_a_duplicated_series_makes_the_sample_untrusted(after_text: str) -> None:
+    line = next(x for x in after_text.splitlines() if x.startswith("vllm:generation_tokens_total"))
+    sample = exposition.parse(after_text + line.replace(" ", " 1", 1) + "\n").series[KEY]
+    assert sample.problems == ["vllm:generation_tokens_total appears twice"]
