@@ -30,7 +30,9 @@ COPY docker/patch-vllm.sh docker/selfcheck.py docker/
 RUN python3 -m pip install --no-cache-dir --no-deps /opt/dflash-serve \
     && DFLASH_SERIES_DIR=/opt/dflash-serve/patches docker/patch-vllm.sh
 
-ENV VLLM_PLE_CPU_OFFLOAD=1 \
-    HOME=/tmp
+ENV HOME=/tmp
 EXPOSE 8000
-ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+# `vllm serve` (not the deprecated `python -m vllm.entrypoints.openai.api_server` shim, which
+# skips the API-server count and multiprocess metrics set-up). The PLE n-gram table offload is
+# `--engram-config '{"cpu_offload": true}'` (vLLM 0.33.0's default for this model).
+ENTRYPOINT ["vllm", "serve"]

@@ -48,9 +48,9 @@ def find_tool(name: str) -> str:
     candidate = TOOLS_BIN / name
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
-    venv_bin = Path(sys.executable).parent / name
-    if venv_bin.is_file():
-        return str(venv_bin)
+    for venv_bin in (Path(sys.executable).parent, REPO_ROOT / ".venv-tools" / "bin"):
+        if (venv_bin / name).is_file():
+            return str(venv_bin / name)
     found = shutil.which(name)
     if found is None:
         pytest.fail(f"{name} is not installed: run `make setup` (ops/setup/setup.sh tools)")

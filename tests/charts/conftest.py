@@ -12,8 +12,8 @@ from dflash_ops.render_command import PROFILES_DIR, helm_template
 Manifests = dict[tuple[str, str], dict[str, Any]]
 
 
-def render(*sets: str, values: list[Path] | None = None) -> Manifests:
-    text = helm_template(values or [], list(sets), "t", "llm")
+def render(*sets: str, values: list[Path] | None = None, release: str = "t") -> Manifests:
+    text = helm_template(values or [], list(sets), release, "llm")
     docs = [d for d in yaml.safe_load_all(text) if d]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 

@@ -6,7 +6,10 @@ from tests.charts.conftest import Manifests, arg_after, container, one, render
 
 
 def test_defaults_serve_dflash2_block8_on_a100_tp2(default: Manifests) -> None:
-    args = container(default, "vllm")["args"]
+    vllm = container(default, "vllm")
+    assert vllm["command"] == ["vllm", "serve"]
+    args = vllm["args"]
+    assert args[0] == "Qwen/Qwen3.8-Flash-Next-AWQ"
     assert arg_after(args, "--tensor-parallel-size") == "2"
     assert "--enable-expert-parallel" in args
     assert arg_after(args, "--mamba-cache-mode") == "align"
@@ -18,11 +21,13 @@ def test_defaults_serve_dflash2_block8_on_a100_tp2(default: Manifests) -> None:
     spec = json.loads(arg_after(args, "--speculative-config"))
     assert spec == {
         "method": "dflash",
-        "model": "z-lab/Qwen3.8-Flash-Next-DFlash2",
+        "model": "incoai/Qwen3.8-Flash-Next-DFlash2",
         "num_speculative_tokens": 7,
     }
-    env = {e["name"]: e.get("value") for e in container(default, "vllm")["env"]}
-    assert env["VLLM_PLE_CPU_OFFLOAD"] == "1"
+    # The PLE n-gram table offload is vLLM 0.33.0's EngramConfig.cpu_offload.
+    assert json.loads(arg_after(args, "--engram-config")) == {"cpu_offload": True}
+    off = container(render("model.pleCpuOffload=false"), "vllm")["args"]
+    assert json.loads(arg_after(off, "--engram-config")) == {"cpu_offload": False}
 
 
 def test_gpus_placement_and_tolerations(default: Manifests) -> None:
@@ -55,9 +60,14 @@ def test_probes_budget_a_cold_load_and_readiness_goes_through_the_sidecar(
     vllm = container(default, "vllm")
     startup = vllm["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
-    assert vllm["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "sidecar"}
+    assert vllm["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9100}
+    assert vllm["livenessProbe"]["httpGet"] == {"path": "/livez/engine", "port": 9100}
+    live = vllm["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 120  # room for a sidecar restart
     sidecar = container(default, "sidecar")
     assert arg_after(sidecar["args"], "--engine-url") == "http://127.0.0.1:8000"
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["DFLASH_SIDECAR_STARTUP_BUDGET_S"] == "3600"
 
 
 def test_rollout_cannot_deadlock_on_a_full_gpu_node(default: Manifests) -> None:
@@ -80,6 +90,7 @@ def test_non_root_and_dropped_capabilities(default: Manifests) -> None:
         assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"]["drop"] == ["ALL"]
     env = {e["name"]: e.get("value") for e in container(default, "vllm")["env"]}
     assert env["HF_HOME"].startswith("/models") and env["HOME"] == "/tmp"
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
 
 
 def test_methods_render_their_speculative_config() -> None:

@@ -4,15 +4,17 @@ import json
 
 import yaml
 from dflash_ops.promql_names import DASHBOARD_DIR, RULES_DIR
+from dflash_ops.render_command import PROFILES_DIR as PROFILES
 
 from tests.charts.conftest import Manifests, one, render
 
 
-def test_podmonitor_labels_are_configurable_and_relabel_release_and_role() -> None:
-    monitor = one(
-        render("monitoring.podMonitor.labels.release=kube-prometheus-stack"), "PodMonitor"
-    )
+def test_one_labels_value_reaches_the_podmonitor_and_the_prometheusrule() -> None:
+    manifests = render("monitoring.labels.release=kube-prometheus-stack")
+    monitor = one(manifests, "PodMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rule = one(manifests, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     endpoints = monitor["spec"]["podMetricsEndpoints"]
     assert [e["port"] for e in endpoints] == ["http", "sidecar"]
     targets = {r["targetLabel"] for r in endpoints[0]["relabelings"]}
@@ -25,12 +27,28 @@ def test_prometheusrule_is_the_ops_rules_file(default: Manifests) -> None:
     assert rule["spec"]["groups"] == source["groups"]
 
 
-def test_dashboards_are_the_ops_files(default: Manifests) -> None:
-    maps = [m for (k, _), m in default.items() if k == "ConfigMap"]
-    data = {name: json.loads(text) for m in maps for name, text in m["data"].items()}
-    for path in DASHBOARD_DIR.glob("*.json"):
-        assert data[path.name] == json.loads(path.read_text())
+def dashboards(manifests: Manifests) -> dict[str, dict]:  # type: ignore[type-arg]
+    maps = [m for (k, _), m in manifests.items() if k == "ConfigMap"]
     assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+    return {name: json.loads(text) for m in maps for name, text in m["data"].items()}
+
+
+def test_dashboards_are_the_ops_files_opened_on_this_release(default: Manifests) -> None:
+    data = dashboards(default)
+    for path in DASHBOARD_DIR.glob("*.json"):
+        source, rendered = json.loads(path.read_text()), data[path.name]
+        assert rendered["panels"] == source["panels"]
+        assert rendered["uid"].startswith(source["uid"]) and len(rendered["uid"]) <= 40
+        assert rendered["title"] == f"{source['title']} (llm/t)"
+        release = next(v for v in rendered["templating"]["list"] if v["name"] == "release")
+        assert release["current"] == {"text": "t", "value": "t"}
+
+
+def test_two_releases_side_by_side_do_not_share_dashboard_uids() -> None:
+    speculative = dashboards(render())
+    baseline = dashboards(render(values=[PROFILES / "a100-tp2-mtp3.yaml"], release="base"))
+    for name in speculative:
+        assert speculative[name]["uid"] != baseline[name]["uid"]
 
 
 def test_monitoring_can_be_switched_off() -> None:

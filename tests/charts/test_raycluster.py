@@ -23,6 +23,13 @@ def ray_tp4() -> Manifests:
     return render(*RAY)
 
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "dflash-serve"
+
+
+def one_configmap(manifests: Manifests, name: str) -> dict:  # type: ignore[type-arg]
+    return manifests[("ConfigMap", name)]
+
+
 def head(manifests: Manifests) -> dict:  # type: ignore[type-arg]
     return one(manifests, "RayCluster")["spec"]["headGroupSpec"]["template"]
 
@@ -31,16 +38,28 @@ def worker(manifests: Manifests) -> dict:  # type: ignore[type-arg]
     return one(manifests, "RayCluster")["spec"]["workerGroupSpecs"][0]["template"]
 
 
+def head_engine(manifests: Manifests) -> dict:  # type: ignore[type-arg]
+    return head(manifests)["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+
 def test_tp4_over_two_nodes_replaces_the_deployment(ray_tp4: Manifests) -> None:
     assert not [k for k in ray_tp4 if k[0] == "Deployment"]
     cluster = one(ray_tp4, "RayCluster")
     assert cluster["spec"]["workerGroupSpecs"][0]["replicas"] == 1
-    command = head(ray_tp4)["spec"]["containers"][0]["args"][0]
-    assert command.startswith("$KUBERAY_GEN_RAY_START_CMD && exec 'python3' '-m' 'vllm.entrypoints")
-    assert "'--tensor-parallel-size' '4'" in command
-    assert "'--distributed-executor-backend' 'ray'" in command
+    engine = head_engine(ray_tp4)
+    assert engine["command"] == ["/bin/bash", "/etc/dflash-serve/ray/ray-head.sh"]
+    args = engine["args"]
+    assert args[:3] == ["vllm", "serve", "Qwen/Qwen3.8-Flash-Next-AWQ"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
     plan = closed_form.plan_block_size(load_checkpoint(), BlockSizeInputs(gpu="a100", tp=4, k=7))
-    assert f"'--block-size' '{plan.recommended_block_size}'" in command
+    assert args[args.index("--block-size") + 1] == str(plan.recommended_block_size)
+    env = {e["name"]: e for e in engine["env"]}
+    assert env["DFLASH_RAY_EXPECTED_NODES"]["value"] == "2"
+    assert env["DFLASH_RAY_EXPECTED_GPUS"]["value"] == "4"
+    assert env["VLLM_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    script = one_configmap(ray_tp4, "t-dflash-serve-ray-scripts")["data"]["ray-head.sh"]
+    assert script == (CHART / "files" / "ray" / "ray-head.sh").read_text()
 
 
 def test_head_keeps_probes_sidecar_and_shm_workers_get_gpus(ray_tp4: Manifests) -> None:
@@ -48,14 +67,18 @@ def test_head_keeps_probes_sidecar_and_shm_workers_get_gpus(ray_tp4: Manifests) 
     names = [c["name"] for c in head_spec["containers"]]
     assert names == ["ray-head", "sidecar"]
     engine = head_spec["containers"][0]
-    assert engine["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert engine["startupProbe"]["failureThreshold"] >= 360
+    assert engine["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9100}
+    # The startup budget covers the workers joining (15 min) as well as the cold load (60 min).
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600 + 900
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 2
     for spec in (head_spec, worker(ray_tp4)["spec"]):
         assert any(v["name"] == "dshm" for v in spec["volumes"])
     worker_container = worker(ray_tp4)["spec"]["containers"][0]
     assert worker_container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert "readinessProbe" not in worker_container and "args" not in worker_container
+    worker_env = {e["name"] for e in worker_container["env"]}
+    assert "VLLM_HOST_IP" in worker_env
 
 
 def test_monitoring_selects_the_head_only(ray_tp4: Manifests) -> None:
@@ -63,7 +86,9 @@ def test_monitoring_selects_the_head_only(ray_tp4: Manifests) -> None:
     assert labels["dflash-serve.io/component"] == "engine"
     assert head(ray_tp4)["metadata"]["labels"]["dflash-serve.io/component"] == "engine"
     assert worker(ray_tp4)["metadata"]["labels"]["dflash-serve.io/component"] == "ray-worker"
-    assert one(ray_tp4, "Service")["spec"]["selector"]["dflash-serve.io/component"] == "engine"
+    for (kind, _), service in ray_tp4.items():
+        if kind == "Service":
+            assert service["spec"]["selector"]["dflash-serve.io/component"] == "engine"
 
 
 def test_data_parallel_with_expert_parallel() -> None:
@@ -73,9 +98,11 @@ def test_data_parallel_with_expert_parallel() -> None:
         "distributed.dataParallelSize=2",
         "engine.tensorParallelSize=2",
     )
-    command = head(manifests)["spec"]["containers"][0]["args"][0]
-    assert "'--data-parallel-size' '2'" in command and "'--data-parallel-backend' 'ray'" in command
-    assert "'--enable-expert-parallel'" in command and "'--tensor-parallel-size' '2'" in command
+    args = head_engine(manifests)["args"]
+    assert args[args.index("--data-parallel-size") + 1] == "2"
+    assert args[args.index("--data-parallel-backend") + 1] == "ray"
+    assert "--enable-expert-parallel" in args
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,19 @@ def test_helm_test_hooks(default: Manifests) -> None:
     pods = [m for (k, _), m in default.items() if k == "Pod"]
     checks = sorted(p["spec"]["containers"][0]["args"][0] for p in pods)
     assert checks == ["chat", "spec-metrics", "tool-call"]
-    assert all(p["metadata"]["annotations"]["helm.sh/hook"] == "test" for p in pods)
+    for pod in pods:
+        annotations = pod["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "test"
+        # Deleted once passed, kept (for its logs) while failing, replaced on the next run.
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    spec = next(p for p in pods if p["spec"]["containers"][0]["args"][0] == "spec-metrics")
+    args = spec["spec"]["containers"][0]["args"]
+    assert args[args.index("--pods-dns") + 1] == "t-dflash-serve-pods.llm.svc"
+    headless = default[("Service", "t-dflash-serve-pods")]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert (
+        headless["spec"]["selector"]
+        == one(default, "Deployment")["spec"]["selector"]["matchLabels"]
+    )
     off = [m for (k, _), m in render("speculative.method=off").items() if k == "Pod"]
     assert sorted(p["spec"]["containers"][0]["args"][0] for p in off) == ["chat", "tool-call"]

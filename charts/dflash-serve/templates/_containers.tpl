@@ -1,56 +1,71 @@
 {{/* Containers and volumes shared by the Deployment and the RayCluster head. */}}
 
+{{/* Environment of every container that runs vLLM code (engine, Ray head and Ray workers). */}}
+{{- define "dflash-serve.engineEnv" -}}
+{{- $root := include "dflash-serve.cacheRoot" . -}}
+- name: HOME
+  value: /tmp
+- name: HF_HOME
+  value: {{ printf "%s/huggingface" $root | quote }}
+- name: VLLM_CACHE_ROOT
+  value: {{ printf "%s/vllm-cache" $root | quote }}
+{{- if .Values.distributed.enabled }}
+# vLLM's Ray executor advertises this address to the other nodes (the pod IP).
+- name: VLLM_HOST_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end }}
+{{- if .Values.model.hfTokenSecret.name }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.model.hfTokenSecret.name }}
+      key: {{ .Values.model.hfTokenSecret.key }}
+{{- end }}
+{{- with .Values.model.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{- define "dflash-serve.engineContainer" -}}
 {{- $tp := int (include "dflash-serve.gpusPerPod" .) -}}
 - name: vllm
-  image: "{{ .Values.image.engine.repository }}:{{ .Values.image.engine.tag }}"
+  image: {{ include "dflash-serve.image" .Values.image.engine | quote }}
   imagePullPolicy: {{ .Values.image.engine.pullPolicy }}
-  command: ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+  command: ["vllm", "serve"]
   args:
     {{- include "dflash-serve.engineArgs" . | nindent 4 }}
   env:
-    - name: HOME
-      value: /tmp
-    - name: HF_HOME
-      value: {{ printf "%s/huggingface" .Values.modelCache.mountPath | quote }}
-    - name: VLLM_CACHE_ROOT
-      value: {{ printf "%s/vllm-cache" .Values.modelCache.mountPath | quote }}
-    {{- if .Values.model.pleCpuOffload }}
-    - name: VLLM_PLE_CPU_OFFLOAD
-      value: "1"
-    {{- end }}
-    {{- if .Values.model.hfTokenSecret.name }}
-    - name: HF_TOKEN
-      valueFrom:
-        secretKeyRef:
-          name: {{ .Values.model.hfTokenSecret.name }}
-          key: {{ .Values.model.hfTokenSecret.key }}
-    {{- end }}
-    {{- with .Values.model.extraEnv }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- include "dflash-serve.engineEnv" . | nindent 4 }}
   ports:
     - name: http
       containerPort: {{ .Values.engine.port }}
       protocol: TCP
+  # vLLM binds its port only once the weights are loaded: the startup probe carries the cold load.
   startupProbe:
     httpGet:
       path: /health
       port: http
     periodSeconds: {{ .Values.probes.startup.periodSeconds }}
     failureThreshold: {{ .Values.probes.startup.failureThreshold }}
+  # Liveness and readiness are answered by the sidecar (same network namespace, so its port
+  # number reaches it; a port *name* would only resolve among this container's own ports).
+  # /livez/engine fails when /health has failed, or the engine answered /health without
+  # generating, for longer than the sidecar's grace (probes.liveness).
   livenessProbe:
     httpGet:
-      path: /health
-      port: http
+      path: /livez/engine
+      port: {{ .Values.sidecar.port }}
     periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
     failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
     timeoutSeconds: {{ .Values.probes.liveness.timeoutSeconds }}
+  # /readyz: /health answers 200 AND the engine generates (vLLM can answer /health while its
+  # engine core is dead).
   readinessProbe:
-    # Through the sidecar: /health can answer 200 while the engine core is dead.
     httpGet:
       path: /readyz
-      port: sidecar
+      port: {{ .Values.sidecar.port }}
     periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
     failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
     timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
@@ -78,7 +93,7 @@
 
 {{- define "dflash-serve.sidecarContainer" -}}
 - name: sidecar
-  image: "{{ .Values.image.sidecar.repository }}:{{ .Values.image.sidecar.tag }}"
+  image: {{ include "dflash-serve.image" .Values.image.sidecar | quote }}
   imagePullPolicy: {{ .Values.image.sidecar.pullPolicy }}
   args:
     - sidecar
@@ -93,6 +108,12 @@
       value: {{ .Values.sidecar.scrapeInterval | quote }}
     - name: DFLASH_SIDECAR_WINDOWS
       value: {{ .Values.sidecar.windows | quote }}
+    - name: DFLASH_SIDECAR_ENGINE_DOWN_GRACE_S
+      value: {{ .Values.probes.liveness.engineDownSeconds | quote }}
+    - name: DFLASH_SIDECAR_NOT_GENERATING_GRACE_S
+      value: {{ .Values.probes.liveness.notGeneratingSeconds | quote }}
+    - name: DFLASH_SIDECAR_STARTUP_BUDGET_S
+      value: {{ include "dflash-serve.startupBudgetSeconds" . | quote }}
     - name: DFLASH_SIDECAR_COLLAPSED_MEAN_ACCEPTANCE_LENGTH
       value: {{ .Values.sidecar.thresholds.collapsedMeanAcceptanceLength | quote }}
     - name: DFLASH_SIDECAR_DEGRADED_MEAN_ACCEPTANCE_LENGTH
@@ -152,7 +173,6 @@
     sizeLimit: {{ .Values.shm.sizeLimit }}
 {{- end }}
 {{- end -}}
-
 
 {{- define "dflash-serve.placement" -}}
 affinity:

@@ -40,8 +40,23 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- end -}}
 {{- end -}}
 
+{{/* The model-cache claim. A ReadWriteMany cache gets its own name: a claim's access modes are
+immutable, so a single-node -> Ray upgrade creates a new claim instead of failing to patch the
+old one (which `helm.sh/resource-policy: keep` leaves in place). */}}
 {{- define "dflash-serve.cacheClaim" -}}
-{{- default (printf "%s-model-cache" (include "dflash-serve.fullname" .)) .Values.modelCache.existingClaim -}}
+{{- if .Values.modelCache.existingClaim -}}
+{{- .Values.modelCache.existingClaim -}}
+{{- else if has "ReadWriteMany" .Values.modelCache.accessModes -}}
+{{- printf "%s-model-cache-rwx" (include "dflash-serve.fullname" .) -}}
+{{- else -}}
+{{- printf "%s-model-cache" (include "dflash-serve.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the Hugging Face and vLLM caches live: the model cache, else the /tmp emptyDir
+(uid 1000 cannot write to an unmounted path). */}}
+{{- define "dflash-serve.cacheRoot" -}}
+{{- if .Values.modelCache.enabled -}}{{ .Values.modelCache.mountPath }}{{- else -}}/tmp{{- end -}}
 {{- end -}}
 
 {{/* Total tensor-parallel size of one engine: across nodes for the distributed tensor layout. */}}
@@ -67,6 +82,17 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- else -}}
 {{- int .Values.engine.tensorParallelSize -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Seconds a pod may take from start to serving: the startup probe's budget, plus the time the
+Ray head may wait for its workers to join. The sidecar uses it to tell "still loading" from
+"never came up". */}}
+{{- define "dflash-serve.startupBudgetSeconds" -}}
+{{- $budget := mul (int .Values.probes.startup.periodSeconds) (int .Values.probes.startup.failureThreshold) -}}
+{{- if .Values.distributed.enabled -}}
+{{- $budget = add $budget (int .Values.distributed.joinTimeoutSeconds) -}}
+{{- end -}}
+{{- $budget -}}
 {{- end -}}
 
 {{/* num_speculative_tokens in effect: 0 when speculation is off. */}}
@@ -143,6 +169,16 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- fail (printf "distributed data layout: distributed.dataParallelSize %d x engine.tensorParallelSize %d must equal distributed.nodes %d x distributed.gpusPerNode %d" (int $d.dataParallelSize) (int .Values.engine.tensorParallelSize) (int $d.nodes) (int $d.gpusPerNode)) -}}
 {{- end -}}
 {{- end -}}
+{{- $shared := or .Values.modelCache.existingClaim (has "ReadWriteMany" .Values.modelCache.accessModes) -}}
+{{- if and (not .Values.distributed.enabled) .Values.modelCache.enabled (not $shared) (or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled) -}}
+{{- fail (printf "%s with a ReadWriteOnce model cache: a second pod on another node can never attach the claim. Set modelCache.accessModes to [ReadWriteMany] (with an RWX StorageClass in modelCache.storageClass), or modelCache.existingClaim to a claim every replica can mount." (ternary "autoscaling.enabled" (printf "replicas %d" (int .Values.replicas)) .Values.autoscaling.enabled)) -}}
+{{- end -}}
+{{- if .Values.podDisruptionBudget.enabled -}}
+{{- $max := toString .Values.podDisruptionBudget.maxUnavailable -}}
+{{- if or (eq $max "0") (eq $max "0%") -}}
+{{- fail "podDisruptionBudget.maxUnavailable 0 blocks every node drain forever: use 1 (or a percentage above 0%), or set podDisruptionBudget.enabled: false" -}}
+{{- end -}}
+{{- end -}}
 {{- if not (has .Values.rollout.strategy (list "Recreate" "RollingUpdate")) -}}
 {{- fail (printf "rollout.strategy %q is unknown: use Recreate or RollingUpdate" .Values.rollout.strategy) -}}
 {{- end -}}
@@ -160,8 +196,8 @@ dflash-serve.io/role: {{ .Values.role }}
 {{- end -}}
 {{- end -}}
 
+{{/* Arguments of `vllm serve` (the model is its positional argument). */}}
 {{- define "dflash-serve.engineArgs" -}}
-- --model
 - {{ .Values.model.name | quote }}
 - --served-model-name
 - {{ .Values.model.servedName | quote }}
@@ -209,7 +245,23 @@ dflash-serve.io/role: {{ .Values.role }}
 - --speculative-config
 - {{ include "dflash-serve.speculativeConfig" . | quote }}
 {{- end }}
+- --engram-config
+- {{ dict "cpu_offload" .Values.model.pleCpuOffload | toJson | quote }}
 {{- range .Values.model.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* The headless Service that lists every serving pod. */}}
+{{- define "dflash-serve.podsService" -}}
+{{- printf "%s-pods" (include "dflash-serve.fullname" . | trunc 58 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest pins the image. */}}
+{{- define "dflash-serve.image" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
 {{- end -}}

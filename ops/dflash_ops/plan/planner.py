@@ -95,10 +95,14 @@ class DeploymentPlan(BaseModel):
     vllm_args: dict[int, list[str]]
 
 
+# The public DFlash2 draft of Qwen3.8-Flash-Next (block 8), the chart's default.
+DEFAULT_DRAFT_MODEL = "incoai/Qwen3.8-Flash-Next-DFlash2"
+
+
 def estimate_weights_gib_per_rank(ckpt: HybridCheckpoint, tp: int, expert_bits: int) -> float:
     """Dense weights in the checkpoint dtype split over TP; routed experts at `expert_bits`
     (4 for the AWQ W4A16 build) split over the expert-parallel ranks. The PLE n-gram table is
-    left out: `VLLM_PLE_CPU_OFFLOAD=1` keeps it in host memory."""
+    left out: `--engram-config {"cpu_offload": true}` (the default) keeps it in host memory."""
     h = ckpt.hidden_size
     experts = ckpt.num_hidden_layers * ckpt.num_experts * 3 * h * ckpt.moe_intermediate_size
     shared = ckpt.num_hidden_layers * 3 * h * ckpt.shared_expert_intermediate_size
@@ -162,10 +166,12 @@ def vllm_args(plan: BlockSizePlan, method: SpecMethod, draft_model: str | None) 
     if method != "off" and plan.k > 0:
         spec: dict[str, object] = {"method": method, "num_speculative_tokens": plan.k}
         if method == "dflash":
-            spec["model"] = draft_model or "<draft model>"
+            spec["model"] = draft_model or DEFAULT_DRAFT_MODEL
         elif method == "ngram":
             spec |= {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    # The PLE n-gram table in pinned host memory (vLLM 0.33.0's EngramConfig).
+    args += ["--engram-config", '{"cpu_offload":true}']
     return args
 
 

@@ -1,0 +1,94 @@
+"""Parse rendered `vllm serve` command lines with vLLM 0.33.0's own CLI and engine arguments.
+
+    PYTHONPATH=<patched vllm tree>:<repo> python -m tests.charts.vllm_args_probe CASES.json
+
+CASES.json: a list of {"name", "argv"} where argv follows `vllm serve`. For each, in order:
+vLLM's `serve` argument parser (unknown flags and bad values fail here), its pre-load checks
+(`validate_parsed_serve_args`), the reasoning and tool-call parser registries, then
+`AsyncEngineArgs.create_engine_config()`: a real VllmConfig, with the checkpoint replaced by the
+reference Qwen3.8-Flash-Next config and the DFlash2 draft by its config fixture (no weights, no
+hub), which runs the speculative, Engram (PLE offload), parallel and cache configs. Prints one
+JSON document (name -> "ok" or the error) on its last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# DFlash2 drafts need Model Runner V2, which vLLM picks on GPUs; force it on CPU.
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+
+REPO = Path(__file__).resolve().parents[2]
+DRAFT_FIXTURE = REPO / "tests" / "patches" / "fixtures" / "dflash2-draft"
+
+
+def local_target() -> str:
+    directory = Path(tempfile.mkdtemp(prefix="vllm-args-target-"))
+    source = REPO / "ops" / "dflash_ops" / "data" / "qwen3.8-flash-next.config.json"
+    (directory / "config.json").write_bytes(source.read_bytes())
+    return str(directory)
+
+
+def check(argv: list[str], target: str) -> str:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    ServeSubcommand().subparser_init(parser.add_subparsers())
+    try:
+        args = parser.parse_args(["serve", *argv])
+    except SystemExit as exit_:
+        return f"vllm serve's argument parser refused the command line (exit {exit_.code})"
+    validate_parsed_serve_args(args)
+    if args.reasoning_parser and args.reasoning_parser not in (
+        ReasoningParserManager.list_registered()
+    ):
+        return f"unknown reasoning parser {args.reasoning_parser!r}"
+    if args.tool_call_parser and args.tool_call_parser not in ToolParserManager.list_registered():
+        return f"unknown tool-call parser {args.tool_call_parser!r}"
+    spec: dict[str, Any] | None = args.speculative_config
+    if spec is not None and spec.get("method") == "dflash":
+        spec["model"] = str(DRAFT_FIXTURE)
+    # The checkpoint is replaced by the reference config (no weights, no hub); the reasoning
+    # parser needs the real tokenizer, so its name is checked above and dropped here.
+    args.model = target
+    args.model_tag = None
+    args.skip_tokenizer_init = True
+    args.reasoning_parser = None
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    config = engine_args.create_engine_config()
+    assert config.engram_config is not None
+    return "ok"
+
+
+def main() -> None:
+    from dflash_ops.plan import vllm_engine
+
+    # The Qwen4Exp model classes need GPU kernels to import; the planner's stand-in carries
+    # the same config hooks (vllm_engine documents what it reproduces).
+    v = vllm_engine._vllm()
+    for architecture in ("Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP"):
+        v["ModelRegistry"].register_model(architecture, v["Qwen4ExpForPlanning"])
+    target = local_target()
+    results = {}
+    for case in json.loads(Path(sys.argv[1]).read_text()):
+        try:
+            results[case["name"]] = check(case["argv"], target)
+        except Exception as err:  # the probe reports what vLLM raised, whatever it is
+            results[case["name"]] = f"{type(err).__name__}: {err}"
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+
+
+if __name__ == "__main__":
+    main()

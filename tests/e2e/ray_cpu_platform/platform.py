@@ -1,0 +1,5 @@
+from vllm.platforms.cpu import CpuPlatform
+
+
+class RayCpuPlatform(CpuPlatform):
+    ray_device_key = "GPU"
