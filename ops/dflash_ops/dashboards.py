@@ -15,11 +15,26 @@ from pathlib import Path
 from typing import Any
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "grafana" / "dashboards"
-SEL = 'namespace=~"$namespace", release=~"$release", pod=~"$pod", model_name=~"$model"'
+SEL = (
+    'namespace=~"$namespace", release=~"$release", pod=~"$pod", model_name=~"$model", '
+    'engine=~"$engine"'
+)
 BASE_SEL = 'namespace=~"$namespace", release=~"$baseline", model_name=~"$model"'
 POD_SEL = 'namespace=~"$namespace", release=~"$release", pod=~"$pod"'
 R = "$__rate_interval"
 RUNNING_IN_RELEASE = 'vllm:num_requests_running{namespace=~"$namespace", release=~"$release"}'
+# Grafana unit for token rates (a custom suffix unit: Grafana has no tokens/s unit id).
+TOKENS_PER_S = "suffix: tok/s"
+# Ratios show why they are empty: NaN (0/0) means no traffic, a missing series no data.
+NO_TRAFFIC = [
+    {"type": "special", "options": {"match": "nan", "result": {"text": "no traffic"}}},
+    {"type": "special", "options": {"match": "null", "result": {"text": "no data"}}},
+]
+
+
+def ratio(numerator: str, denominator: str) -> str:
+    """numerator / denominator, with the denominator (not the ratio) dropped at zero."""
+    return f"{numerator} / ({denominator} > 0)"
 
 
 def _variables(baseline: bool) -> list[dict[str, Any]]:
@@ -63,6 +78,12 @@ def _variables(baseline: bool) -> list[dict[str, Any]]:
             "Model",
             f"label_values({RUNNING_IN_RELEASE}, model_name)",
         ),
+        # Data-parallel deployments run several engines per pod (vLLM's `engine` label).
+        query_var(
+            "engine",
+            "Engine (data-parallel rank)",
+            f"label_values({RUNNING_IN_RELEASE}, engine)",
+        ),
     ]
     if baseline:
         variables.append(
@@ -91,6 +112,7 @@ class Board:
         kind: str = "timeseries",
         width: int = 12,
         height: int = 8,
+        target_options: dict[str, Any] | None = None,
         **extra: Any,
     ) -> None:
         if self._x + width > 24:
@@ -110,6 +132,7 @@ class Board:
                     "expr": expr,
                     "legendFormat": legend,
                     "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    **(target_options or {}),
                 }
                 for i, (expr, legend) in enumerate(targets)
             ],
@@ -142,50 +165,61 @@ class Board:
 
 def speculative_decoding() -> dict[str, Any]:
     b = Board()
-    drafts = f"sum(rate(vllm:spec_decode_num_drafts_total{{{SEL}}}[{R}]))"
-    accepted = f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SEL}}}[{R}]))"
+
+    def rate(metric: str, by: str = "", sel: str = SEL) -> str:
+        group = f" by ({by})" if by else ""
+        return f"sum{group} (rate({metric}{{{sel}}}[{R}]))"
+
+    drafts = rate("vllm:spec_decode_num_drafts_total")
+    accepted = rate("vllm:spec_decode_num_accepted_tokens_total")
+    draft_tokens = rate("vllm:spec_decode_num_draft_tokens_total")
     b.panel(
         "Mean acceptance length",
         "1 + accepted / drafts: tokens emitted per target forward pass. DFlash2 at block 8 "
         "reached about 4 on A100; 1 means the draft is never accepted.",
         "none",
         [
-            (f"1 + {accepted} / {drafts}", "all pods"),
+            (f"1 + {ratio(accepted, drafts)}", "all pods"),
             (
-                "1 + sum by (pod) "
-                f"(rate(vllm:spec_decode_num_accepted_tokens_total{{{SEL}}}[{R}])) "
-                f"/ sum by (pod) (rate(vllm:spec_decode_num_drafts_total{{{SEL}}}[{R}]))",
+                "1 + "
+                + ratio(
+                    rate("vllm:spec_decode_num_accepted_tokens_total", "pod"),
+                    rate("vllm:spec_decode_num_drafts_total", "pod"),
+                ),
                 "{{pod}}",
             ),
         ],
-        defaults={"min": 1},
+        defaults={"min": 1, "mappings": NO_TRAFFIC},
     )
     b.panel(
         "Drafted-token acceptance rate",
         "accepted / draft tokens: the share of proposed tokens the target keeps.",
         "percentunit",
-        [
-            (
-                f"{accepted} / sum(rate(vllm:spec_decode_num_draft_tokens_total{{{SEL}}}[{R}]))",
-                "acceptance rate",
-            )
-        ],
-        defaults={"min": 0, "max": 1},
+        [(ratio(accepted, draft_tokens), "acceptance rate")],
+        defaults={"min": 0, "max": 1, "mappings": NO_TRAFFIC},
     )
-    per_pos = (
+    per_pos_range = (
         "sum by (position) "
-        f"(rate(vllm:spec_decode_num_accepted_tokens_per_pos_total{{{SEL}}}[{R}])) "
-        f"/ scalar({drafts})"
+        f"(increase(vllm:spec_decode_num_accepted_tokens_per_pos_total{{{SEL}}}[$__range])) "
+        "/ on () group_left () "
+        f"(sum(increase(vllm:spec_decode_num_drafts_total{{{SEL}}}[$__range])) > 0)"
     )
     b.panel(
         "Per-position acceptance (curve)",
-        "accepted at position i / drafts, averaged over the selected range. A healthy draft "
-        "decays smoothly with position; a cliff at position 0 means wrong target features.",
+        "accepted at position i / drafts over the whole selected time range, one bar per "
+        "position. A healthy draft decays smoothly with position; a cliff at position 0 means "
+        "wrong target features.",
         "percentunit",
-        [(per_pos, "position {{position}}")],
+        [(per_pos_range, "")],
         kind="barchart",
+        # A bar chart needs one row per position: an instant query returned as a table.
+        target_options={"instant": True, "range": False, "format": "table"},
         options={"xField": "position", "orientation": "vertical", "showValue": "auto"},
         defaults={"min": 0, "max": 1},
+    )
+    per_pos = (
+        f"{rate('vllm:spec_decode_num_accepted_tokens_per_pos_total', 'position')} "
+        f"/ on () group_left () ({drafts} > 0)"
     )
     b.panel(
         "Per-position acceptance over time (heatmap)",
@@ -199,14 +233,8 @@ def speculative_decoding() -> dict[str, Any]:
         "Accepted vs rejected draft tokens",
         "Draft tokens per second the target accepted, and those it rejected (draft tokens minus "
         "accepted): the wasted draft work.",
-        "tps",
-        [
-            (accepted, "accepted"),
-            (
-                f"sum(rate(vllm:spec_decode_num_draft_tokens_total{{{SEL}}}[{R}])) - {accepted}",
-                "rejected",
-            ),
-        ],
+        TOKENS_PER_S,
+        [(accepted, "accepted"), (f"{draft_tokens} - {accepted}", "rejected")],
         defaults={"custom": {"stacking": {"mode": "normal"}}},
     )
     b.panel(
@@ -238,32 +266,54 @@ def speculative_decoding() -> dict[str, Any]:
             ]
         },
     )
-    per_request = (
-        "sum(rate(vllm:generation_tokens_total{{{sel}}}[{r}])) / "
-        "sum(avg_over_time(vllm:num_requests_running{{{sel}}}[{r}]))"
+    b.panel(
+        "Mean acceptance length per engine",
+        "Per data-parallel engine (vLLM's `engine` label): one engine with a collapsed draft "
+        "hides in the average of many.",
+        "none",
+        [
+            (
+                "1 + "
+                + ratio(
+                    rate("vllm:spec_decode_num_accepted_tokens_total", "pod, engine"),
+                    rate("vllm:spec_decode_num_drafts_total", "pod, engine"),
+                ),
+                "{{pod}} engine {{engine}}",
+            )
+        ],
+        defaults={"min": 1, "mappings": NO_TRAFFIC},
+    )
+    per_request = ratio(
+        "sum(rate(vllm:generation_tokens_total{{{sel}}}[{r}]))",
+        "sum(avg_over_time(vllm:num_requests_running{{{sel}}}[{r}]))",
     )
     b.panel(
         "Speculative vs baseline: tokens per second per running request",
         "Decode speed each running request sees, for this release and for the baseline release "
         "picked in the variable (for example the MTP-3 deployment).",
-        "tps",
+        TOKENS_PER_S,
         [
             (per_request.format(sel=SEL, r=R), "$release"),
             (per_request.format(sel=BASE_SEL, r=R), "baseline $baseline"),
         ],
+        defaults={"mappings": NO_TRAFFIC},
     )
     b.panel(
         "Speculative vs baseline: mean acceptance length",
         "Mean acceptance length of this release and of the baseline release.",
         "none",
         [
-            (f"1 + {accepted} / {drafts}", "$release"),
+            (f"1 + {ratio(accepted, drafts)}", "$release"),
             (
-                f"1 + sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{BASE_SEL}}}[{R}])) "
-                f"/ sum(rate(vllm:spec_decode_num_drafts_total{{{BASE_SEL}}}[{R}]))",
+                "1 + "
+                + ratio(
+                    rate("vllm:spec_decode_num_accepted_tokens_total", sel=BASE_SEL),
+                    rate("vllm:spec_decode_num_drafts_total", sel=BASE_SEL),
+                ),
                 "baseline $baseline",
             ),
         ],
+        defaults={"mappings": NO_TRAFFIC},
     )
     return b.dashboard(
         "dflash-speculative",
@@ -293,10 +343,19 @@ def serving() -> dict[str, Any]:
         quantiles("vllm:time_to_first_token_seconds"),
     )
     b.panel(
-        "Inter-token latency",
-        "Time between output tokens of a request; speculation lowers it when drafts are accepted.",
+        "Inter-token latency (per engine step)",
+        "vLLM observes this once per engine step, and with speculative decoding a step emits up "
+        "to k + 1 tokens: it is the time between steps, not between tokens. See time per "
+        "output token for the per-token figure.",
         "s",
         quantiles("vllm:inter_token_latency_seconds"),
+    )
+    b.panel(
+        "Time per output token (per request)",
+        "Per request: (end-to-end latency - time to first token) / (output tokens - 1), the "
+        "per-token decode time a client sees, speculation included.",
+        "s",
+        quantiles("vllm:request_time_per_output_token_seconds"),
     )
     b.panel(
         "End-to-end request latency",
@@ -306,11 +365,23 @@ def serving() -> dict[str, Any]:
     )
     b.panel(
         "Token throughput",
-        "Prompt tokens prefilled and output tokens generated per second.",
-        "tps",
+        "Prompt tokens prefilled and output tokens generated per second. When idle, the "
+        "sidecar's one-token canary (at most once a minute) shows as a trickle.",
+        TOKENS_PER_S,
         [
             (f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[{R}]))", "prompt"),
             (f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{R}]))", "generation"),
+        ],
+    )
+    b.panel(
+        "Output tokens per engine",
+        "Generated tokens per second per data-parallel engine (vLLM's `engine` label).",
+        TOKENS_PER_S,
+        [
+            (
+                f"sum by (pod, engine) (rate(vllm:generation_tokens_total{{{SEL}}}[{R}]))",
+                "{{pod}} engine {{engine}}",
+            )
         ],
     )
     b.panel(
@@ -330,6 +401,21 @@ def serving() -> dict[str, Any]:
         defaults={"min": 0, "max": 1},
     )
     b.panel(
+        "Prefix-cache hit rate",
+        "Cached prompt tokens / queried prompt tokens: how much prefill the prefix cache saves.",
+        "percentunit",
+        [
+            (
+                ratio(
+                    f"sum(rate(vllm:prefix_cache_hits_total{{{SEL}}}[{R}]))",
+                    f"sum(rate(vllm:prefix_cache_queries_total{{{SEL}}}[{R}]))",
+                ),
+                "hit rate",
+            )
+        ],
+        defaults={"min": 0, "max": 1, "mappings": NO_TRAFFIC},
+    )
+    b.panel(
         "Preemptions",
         "Requests preempted per second because the KV cache ran out.",
         "ops",
@@ -347,11 +433,41 @@ def serving() -> dict[str, Any]:
         ],
     )
     b.panel(
+        "Engine state (sidecar)",
+        "What the sidecar sees: starting (loading, within the startup budget), serving, "
+        "not generating (/health answers, no tokens), down (served before, /health fails "
+        "now), start timeout.",
+        "none",
+        [
+            (
+                f"max by (pod, state) (dflash_engine_state{{{POD_SEL}}} == 1)",
+                "{{state}}",
+            )
+        ],
+        kind="state-timeline",
+        defaults={
+            "mappings": [
+                {"type": "value", "options": {"1": {"text": "active"}}},
+            ]
+        },
+    )
+    b.panel(
         "Engine readiness (sidecar)",
         "1 when the sidecar finds the engine healthy and generating; 0 otherwise (see /readyz).",
-        "bool",
+        "none",
         [(f"min by (pod) (dflash_engine_ready{{{POD_SEL}}})", "{{pod}}")],
         kind="state-timeline",
+        defaults={
+            "mappings": [
+                {
+                    "type": "value",
+                    "options": {
+                        "0": {"text": "not ready", "color": "red"},
+                        "1": {"text": "ready", "color": "green"},
+                    },
+                }
+            ]
+        },
     )
     return b.dashboard(
         "dflash-serving",

@@ -35,16 +35,18 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-# Variable values that select everything a test Prometheus holds (the local stack labels its
-# targets release="local"; the baseline panels compare the release with itself).
+# Variable values that select everything a test Prometheus holds (the baseline panels compare
+# the release with itself).
 ALL_SERIES_VARIABLES = {
     "namespace": ".*",
     "release": ".*",
     "pod": ".*",
     "model": ".*",
-    "baseline": "local",
+    "engine": ".*",
+    "baseline": ".*",
     "datasource": "prometheus",
     "__rate_interval": "1m",
+    "__range": "5m",
 }
 
 

@@ -35,10 +35,10 @@ class FakePod:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._send(200, vllm_page(pod.counters).encode(), "text/plain")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 pod.counters.step(5, [4, 3, 2, 1])
                 self._send(200, json.dumps(pod.answer).encode(), "application/json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,6 +19,7 @@ from dflash_ops.promql_names import (
     metric_names,
     rule_expressions,
 )
+from dflash_ops.render_command import helm_template
 
 from tests.conftest import REPO_ROOT, find_tool
 
@@ -30,8 +32,29 @@ def test_promtool_checks_the_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_fire_and_stay_silent() -> None:
-    tests = sorted((REPO_ROOT / "ops" / "prometheus" / "tests").glob("*.yaml"))
+def chart_rules_dir(tmp_path: Path) -> Path:
+    """The chart's rendered PrometheusRule as a rule file, beside a copy of the unit tests that
+    point at it (release-scoped expressions: namespace ml, release dflash)."""
+    text = helm_template([], [], "dflash", "ml")
+    rule = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "PrometheusRule")
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "dflash-serve.rules.yaml").write_text(
+        yaml.safe_dump({"groups": rule["spec"]["groups"]})
+    )
+    (tmp_path / "tests").mkdir()
+    for test in (REPO_ROOT / "ops" / "prometheus" / "tests").glob("*.yaml"):
+        (tmp_path / "tests" / test.name).write_text(test.read_text())
+    return tmp_path / "tests"
+
+
+@pytest.mark.parametrize("rules", ["ops file", "chart render"])
+def test_promtool_unit_tests_fire_and_stay_silent(rules: str, tmp_path: Path) -> None:
+    directory = (
+        REPO_ROOT / "ops" / "prometheus" / "tests"
+        if rules == "ops file"
+        else chart_rules_dir(tmp_path)
+    )
+    tests = sorted(directory.glob("*.yaml"))
     result = subprocess.run(
         [find_tool("promtool"), "test", "rules", *map(str, tests)], capture_output=True, text=True
     )
@@ -39,6 +62,17 @@ def test_promtool_unit_tests_fire_and_stay_silent() -> None:
     alerts = {name for name, _ in rule_expressions() if not name.startswith("dflash:")}
     tested = set(re.findall(r"alertname: (\w+)", "".join(t.read_text() for t in tests)))
     assert alerts == tested, f"alerts without promtool tests: {alerts - tested}"
+
+
+def test_chart_scopes_every_rule_to_its_release() -> None:
+    text = helm_template([], [], "dflash", "ml")
+    rule = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "PrometheusRule")
+    rendered = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    source = [expr for _, expr in rule_expressions()]
+    assert len(rendered) == len(source)
+    for before, after in zip(source, rendered, strict=True):
+        assert 'release=~".+"' not in after
+        assert after.count('namespace="ml", release="dflash"') == before.count('release=~".+"')
 
 
 def test_every_alert_has_summary_description_and_a_runbook_section() -> None:
@@ -77,16 +111,61 @@ def test_every_panel_has_unit_description_and_queries(name: str) -> None:
 
 
 def test_every_expression_parses_and_names_known_families() -> None:
-    known_prefixes = ("vllm:", "dflash_", "dflash:")
+    known_prefixes = ("vllm:", "dflash_", "dflash:", "up")
     expressions = [e for _, e in rule_expressions()] + [
         expand_grafana(e, ALL_SERIES_VARIABLES) for _, _, e in dashboard_expressions()
     ]
     for expr in expressions:
         names = metric_names(expr)
-        assert names and all(n.startswith(known_prefixes) for n in names), (expr, names)
+        assert names and all(
+            n.startswith(known_prefixes[:3]) or n in known_prefixes[3:] for n in names
+        ), (expr, names)
 
 
 def test_metric_name_extraction_sees_a_misspelling() -> None:
     assert metric_names("sum(rate(vllm:spec_decode_num_drafs_total[5m]))") == {
         "vllm:spec_decode_num_drafs_total"
     }
+
+
+# Unit ids Grafana knows (grafana-data valueFormats/categories.ts: Misc, Time, Throughput), and
+# the custom forms its getValueFormat accepts; anything else is printed as a literal suffix.
+GRAFANA_UNITS = {
+    "none", "string", "short", "percent", "percentunit", "sci", "locale",
+    "ns", "µs", "ms", "s", "m", "h", "d", "dtdurationms", "dtdurations", "dthms", "dtdhms",
+    "cps", "ops", "reqps", "rps", "wps", "iops", "cpm", "opm", "rpm", "wpm",
+    "bytes", "decbytes", "Bps", "bps",
+}  # fmt: skip
+CUSTOM_UNIT = re.compile(r"^(prefix|suffix|si|count|currency|time):.+")
+# Core Grafana panel plugins the dashboards may use.
+PANEL_TYPES = {"timeseries", "barchart", "heatmap", "state-timeline", "stat", "gauge", "table"}
+
+
+@pytest.mark.parametrize("name", sorted(dashboards.DASHBOARDS))
+def test_panels_follow_grafanas_rules(name: str) -> None:
+    board = json.loads((DASHBOARD_DIR / name).read_text())
+    variables = {v["name"] for v in board["templating"]["list"]}
+    assert "engine" in variables  # per-engine breakdown for data-parallel deployments
+    for panel in board["panels"]:
+        title, unit = panel["title"], panel["fieldConfig"]["defaults"]["unit"]
+        assert panel["type"] in PANEL_TYPES, title
+        assert unit in GRAFANA_UNITS or CUSTOM_UNIT.match(unit), f"{title}: unit {unit!r}"
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if panel["type"] == "barchart":
+                # A bar per category needs one row each: an instant query as a table, with the
+                # category field in the query's grouping.
+                assert target.get("instant") is True and target.get("format") == "table", title
+                assert "$__range" in expr and "$__rate_interval" not in expr, title
+                assert f"by ({panel['options']['xField']})" in expr, title
+            else:
+                assert not target.get("instant"), title
+            if " / " in expr:
+                assert "> 0)" in expr, f"{title}: unguarded denominator in {expr}"
+            if "vllm:" in expr and "$release" in expr:
+                assert 'engine=~"$engine"' in expr, title
+
+
+def test_grafana_unit_check_rejects_what_grafana_does_not_know() -> None:
+    assert "tps" not in GRAFANA_UNITS and not CUSTOM_UNIT.match("tps")
+    assert "bool" not in GRAFANA_UNITS and CUSTOM_UNIT.match("suffix: tok/s")
