@@ -70,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"dflash-serve {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ndflash-serve {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

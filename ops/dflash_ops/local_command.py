@@ -7,6 +7,28 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.errors import UserError
+
+
+def _k(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 15:
+        raise argparse.ArgumentTypeError(f"{value}: num_speculative_tokens must be 1 to 15")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: a port is 1 to 65535")
+    return value
+
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -21,16 +43,16 @@ def register(subparsers: Any) -> None:
     actions = parser.add_subparsers(dest="local_action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="start the stack (no duplicates) and wait until ready")
     up.add_argument("--method", choices=["draft_model", "ngram", "off"], default="draft_model")
-    up.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
+    up.add_argument("--k", type=_k, default=4, help="num_speculative_tokens, 1 to 15 (default 4)")
     up.add_argument(
         "--draft-noise",
         type=float,
         default=0.05,
         help="draft = target + noise x each weight's std (0: identical; default 0.05)",
     )
-    up.add_argument("--engine-port", type=int, default=8000)
-    up.add_argument("--sidecar-port", type=int, default=9100)
-    up.add_argument("--prometheus-port", type=int, default=9090)
+    up.add_argument("--engine-port", type=_port, default=8000)
+    up.add_argument("--sidecar-port", type=_port, default=9100)
+    up.add_argument("--prometheus-port", type=_port, default=9090)
     up.add_argument("--no-prometheus", action="store_true")
     up.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
     up.add_argument(
@@ -51,18 +73,24 @@ def run(args: argparse.Namespace) -> int:
     from dflash_ops.local import stack
 
     if args.local_action == "up":
-        config = stack.StackConfig(
-            state_dir=args.state_dir,
-            engine_port=args.engine_port,
-            sidecar_port=args.sidecar_port,
-            prometheus_port=args.prometheus_port,
-            method=args.method,
-            num_speculative_tokens=args.k,
-            draft_noise=args.draft_noise,
-            prometheus=not args.no_prometheus,
-            engine_timeout_s=args.engine_timeout,
-            host=args.host,
-        )
+        from pydantic import ValidationError
+
+        try:
+            config = stack.StackConfig(
+                state_dir=args.state_dir,
+                engine_port=args.engine_port,
+                sidecar_port=args.sidecar_port,
+                prometheus_port=args.prometheus_port,
+                method=args.method,
+                num_speculative_tokens=args.k,
+                draft_noise=args.draft_noise,
+                prometheus=not args.no_prometheus,
+                engine_timeout_s=args.engine_timeout,
+                host=args.host,
+            )
+        except ValidationError as err:
+            problem = err.errors()[0]
+            raise UserError(f"local up: {problem['loc'][0]}: {problem['msg']}") from None
         state = stack.up(config)
         for record in state.processes:
             print(f"{record.name:<11} {record.url:<26} pid {record.pid:<7} log {record.log}")
@@ -79,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
         print("the local stack is not running")
     else:
         for row in rows:
-            health = "healthy" if row["healthy"] else "running" if row["running"] else "stopped"
+            health = (
+                "healthy"
+                if row["healthy"]
+                else "running"
+                if row["running"]
+                else "leftover"
+                if row["leftover_processes"]
+                else "stopped"
+            )
             print(f"{row['name']:<11} {health:<8} {row['url']:<26} pid {row['pid']}")
     return 0 if rows and all(r["healthy"] for r in rows) else 1

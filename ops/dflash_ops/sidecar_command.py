@@ -66,6 +66,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"invalid sidecar settings: {problems}") from None
     except ValueError as err:
         raise UserError(str(err)) from None
+    if settings.kubernetes_events:
+        import importlib.util
+
+        if importlib.util.find_spec("kubernetes") is None:
+            raise UserError(
+                "--kubernetes-events needs the kubernetes client, which this install lacks: "
+                "pip install 'dflash-serve[kubernetes]' (for the image: make images "
+                "SIDECAR_EXTRAS=kubernetes)"
+            )
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

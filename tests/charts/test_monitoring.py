@@ -21,10 +21,11 @@ def test_one_labels_value_reaches_the_podmonitor_and_the_prometheusrule() -> Non
     assert targets == {"release", "role"}
 
 
-def test_prometheusrule_is_the_ops_rules_file(default: Manifests) -> None:
+def test_prometheusrule_is_the_ops_rules_file_scoped_to_the_release(default: Manifests) -> None:
     rule = one(default, "PrometheusRule")
-    source = yaml.safe_load((RULES_DIR / "dflash-serve.rules.yaml").read_text())
-    assert rule["spec"]["groups"] == source["groups"]
+    source = (RULES_DIR / "dflash-serve.rules.yaml").read_text()
+    scoped = yaml.safe_load(source.replace('release=~".+"', 'namespace="llm", release="t"'))
+    assert rule["spec"]["groups"] == scoped["groups"]
 
 
 def dashboards(manifests: Manifests) -> dict[str, dict]:  # type: ignore[type-arg]

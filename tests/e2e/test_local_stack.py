@@ -1,14 +1,23 @@
-"""The local stack end to end: real vLLM CPU engine, sidecar, bench, losslessness."""
+"""The local stack end to end: real vLLM CPU engine, sidecar, bench, losslessness.
+
+Each test makes the traffic it asserts on and waits for its condition with a deadline: none
+relies on another test having run first, or on the machine being idle.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dflash_ops.bench.client import Endpoint
@@ -16,7 +25,7 @@ from dflash_ops.local import stack
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.settings import SidecarSettings
 
-from tests.e2e.conftest import start_engine_only
+from tests.e2e.conftest import free_port, start_engine_only
 
 pytestmark = pytest.mark.e2e
 
@@ -25,31 +34,53 @@ def url_of(state: stack.StackState, name: str) -> str:
     return next(p.url for p in state.processes if p.name == name)
 
 
-def get_json(url: str) -> dict:  # type: ignore[type-arg]
-    with urllib.request.urlopen(url, timeout=30) as reply:
-        return json.load(reply)  # type: ignore[no-any-return]
+def get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return json.load(reply)
+    except urllib.error.HTTPError as err:
+        return json.loads(err.read())
 
 
-def bench(base_url: str, out: Path, *extra: str) -> dict:  # type: ignore[type-arg]
+def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll until `check()` is truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f}s"
+        time.sleep(0.5)
+
+
+def traffic(engine_url: str, requests: int = 3, tokens: int = 24) -> None:
+    async def send() -> None:
+        endpoint = Endpoint(engine_url)
+        try:
+            await asyncio.gather(
+                *(
+                    endpoint.stream_chat(
+                        "tiny", [{"role": "user", "content": f"Topic {i}."}], tokens
+                    )
+                    for i in range(requests)
+                )
+            )
+        finally:
+            await endpoint.aclose()
+
+    asyncio.run(send())
+
+
+def bench(base_url: str, out: Path, *extra: str) -> dict[str, Any]:
     subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "dflash_ops.cli",
-            "bench",
-            "--base-url",
-            base_url,
-            "--concurrency",
-            "1,4",
-            "--max-tokens",
-            "32",
-            "--out",
-            str(out),
-            *extra,
+            sys.executable, "-m", "dflash_ops.cli", "bench", "--base-url", base_url,
+            "--concurrency", "1,4", "--num-requests", "10", "--repeats", "2",
+            "--max-tokens", "32", "--out", str(out), *extra,
         ],
         check=True,
         timeout=900,
-    )
+    )  # fmt: skip
     return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]
 
 
@@ -64,13 +95,15 @@ def test_stack_is_up_and_a_second_up_starts_nothing(local_stack: stack.StackStat
 def test_bench_reports_acceptance_consistent_with_the_raw_counters(
     local_stack: stack.StackState, tmp_path: Path
 ) -> None:
-    engine = url_of(local_stack, "engine")
-    result = bench(engine, tmp_path)
-    assert [r["concurrency"] for r in result["runs"]] == [1, 4]
+    result = bench(url_of(local_stack, "engine"), tmp_path)
+    assert [level["concurrency"] for level in result["levels"]] == [1, 4]
     assert (tmp_path / "results.md").read_text().count("|") > 10
     assert (tmp_path / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
-    for run in result["runs"]:
-        spec = run["spec_decode"]
+    for level in result["levels"]:
+        assert [r["output_tokens"] for r in level["runs"]] == [10 * 32, 10 * 32]
+        assert level["output_tokens_per_s"]["runs"] == 2
+        assert level["ttft_ms"]["count"] == 20 and level["tpot_ms"]["p50"] > 0
+        spec = level["spec_decode"]
         assert spec["drafts"] > 0
         assert spec["mean_acceptance_length"] == pytest.approx(
             1 + spec["accepted"] / spec["drafts"]
@@ -79,7 +112,6 @@ def test_bench_reports_acceptance_consistent_with_the_raw_counters(
         assert len(per_pos) == 4
         assert sum(p * spec["drafts"] for p in per_pos) == pytest.approx(spec["accepted"])
         assert 0 < per_pos[-1] < per_pos[0] < 1  # partial acceptance that decays by position
-        assert run["output_tokens"] == 10 * 32
     assert result["kv_cache_tokens"] > 0
 
 
@@ -95,14 +127,17 @@ def test_sidecar_acceptance_equals_the_raw_counters(local_stack: stack.StackStat
             raw0 = await endpoint.counters()
             await monitor.run_once(0.0)
             await asyncio.gather(
-                *(endpoint.chat("tiny", f"Tell me about {w}.", 24) for w in ("TCP", "UDP", "DNS"))
+                *(
+                    endpoint.stream_chat("tiny", [{"role": "user", "content": f"On {w}."}], 24)
+                    for w in ("TCP", "UDP", "DNS")
+                )
             )
             raw1 = await endpoint.counters()
             await monitor.run_once(30.0)
             assert raw0 is not None and raw1 is not None
             return (
-                {"drafts": raw0.drafts, "accepted": raw0.accepted, "gen": raw0.generation_tokens},
-                {"drafts": raw1.drafts, "accepted": raw1.accepted, "gen": raw1.generation_tokens},
+                {"drafts": raw0.drafts, "accepted": raw0.accepted},
+                {"drafts": raw1.drafts, "accepted": raw1.accepted},
                 monitor.stats(30.0).windows["1m"],
             )
         finally:
@@ -119,10 +154,14 @@ def test_sidecar_acceptance_equals_the_raw_counters(local_stack: stack.StackStat
 
 def test_sidecar_process_serves_stats_and_metrics(local_stack: stack.StackState) -> None:
     sidecar = url_of(local_stack, "sidecar")
-    stats = get_json(f"{sidecar}/stats")
-    assert stats["ready"] is True
+    traffic(url_of(local_stack, "engine"))  # this test's own traffic, whatever ran before
+    stats = eventually(
+        lambda: (s := get_json(f"{sidecar}/stats"))["windows"]["1m"]["drafts"] > 0 and s,
+        60,
+        "drafts in the sidecar's 1m window",
+    )
+    assert stats["ready"] is True and stats["engine_state"] == "serving"
     assert set(stats["windows"]) == {"1m", "5m", "15m"}
-    assert stats["windows"]["15m"]["drafts"] > 0
     with urllib.request.urlopen(f"{sidecar}/metrics", timeout=10) as reply:
         body = reply.read().decode()
     assert "dflash_mean_acceptance_length{" in body and "dflash_engine_ready 1.0" in body
@@ -152,34 +191,32 @@ def test_sidecar_endpoints_under_bounded_loopback_load(local_stack: stack.StackS
     assert sorted(latencies)[len(latencies) // 2] < 1.0  # median well under the probe timeout
 
 
-def test_readiness_drops_when_the_engine_dies_and_returns_after_restart(
+def test_a_killed_api_server_is_noticed_cleaned_up_and_restarted(
     local_stack: stack.StackState,
 ) -> None:
     sidecar = url_of(local_stack, "sidecar")
+    eventually(lambda: get_json(f"{sidecar}/readyz")["ready"], 120, "the stack ready")
     engine = next(p for p in local_stack.processes if p.name == "engine")
+    sidecar_pid = next(p.pid for p in local_stack.processes if p.name == "sidecar")
     interval = 2.0  # the sidecar's default scrape interval
-    stack.stop_process(engine)
+    os.kill(engine.pid, signal.SIGKILL)  # the API server only: vLLM's engine core outlives it
     started = time.monotonic()
-    while True:
-        try:
-            urllib.request.urlopen(f"{sidecar}/readyz", timeout=5)
-        except urllib.error.HTTPError as err:
-            assert err.code == 503
-            reason = json.loads(err.read())["reason"]
-            break
-        assert time.monotonic() - started < 2 * interval + 2, "readiness still true"
-        time.sleep(0.2)
-    assert reason.startswith("engine down for") and "/health" in reason
-    stack.restart_process(local_stack, "engine")
-    deadline = time.monotonic() + 900
-    while True:
-        try:
-            if urllib.request.urlopen(f"{sidecar}/readyz", timeout=5).status == 200:
-                break
-        except urllib.error.URLError:
-            pass
-        assert time.monotonic() < deadline, "readiness did not return after the restart"
-        time.sleep(1)
+    readiness = eventually(
+        lambda: (r := get_json(f"{sidecar}/readyz"))["ready"] is False and r,
+        2 * interval + 3,
+        "readiness false after the engine died",
+    )
+    assert time.monotonic() - started < 2 * interval + 3
+    assert readiness["reason"].startswith("engine down for") and "/health" in readiness["reason"]
+    eventually(lambda: not stack._alive(engine), 10, "the API server gone")
+    row = next(r for r in stack.status(local_stack.config.state_dir) if r["name"] == "engine")
+    assert not row["running"]
+    # `local up` again: the engine's leftovers are stopped, the engine restarted, the rest kept.
+    restarted = stack.up(local_stack.config)
+    local_stack.processes[:] = restarted.processes
+    assert stack.group_members(engine) == []
+    assert next(p.pid for p in restarted.processes if p.name == "sidecar") == sidecar_pid
+    eventually(lambda: get_json(f"{sidecar}/readyz")["ready"], 900, "readiness after the restart")
 
 
 def test_draft_quality_moves_acceptance(
@@ -190,17 +227,17 @@ def test_draft_quality_moves_acceptance(
         state_dir = tmp_path_factory.mktemp(f"noise{noise}")
         state = start_engine_only(state_dir, models_dir, draft_noise=noise)
         try:
-            results[noise] = bench(url_of(state, "engine"), state_dir / "bench")
+            results[noise] = bench(url_of(state, "engine"), state_dir / "bench", "--repeats", "1")
         finally:
             stack.down(state_dir, quiet=True)
-    identical = results[0.0]["runs"][0]["spec_decode"]
-    noisy = results[0.5]["runs"][0]["spec_decode"]
+    identical = results[0.0]["levels"][0]["spec_decode"]
+    noisy = results[0.5]["levels"][0]["spec_decode"]
     assert identical["mean_acceptance_length"] > 4.5  # k=4: the maximum is 5
     assert noisy["mean_acceptance_length"] < 1.5
     assert identical["per_position_acceptance"][0] > 0.95
 
 
-def test_greedy_speculation_is_lossless(
+def test_greedy_speculation_is_lossless_alone_and_batched(
     local_stack: stack.StackState, models_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     state_dir = tmp_path_factory.mktemp("reference")
@@ -208,9 +245,43 @@ def test_greedy_speculation_is_lossless(
     try:
         out = state_dir / "bench"
         result = bench(
-            url_of(local_stack, "engine"), out, "--check-lossless", url_of(reference, "engine")
-        )
+            url_of(local_stack, "engine"),
+            out,
+            "--repeats", "1", "--check-lossless", url_of(reference, "engine"),
+        )  # fmt: skip
     finally:
         stack.down(state_dir, quiet=True)
-    assert result["lossless"]["prompts"] == 10
-    assert result["lossless"]["identical"] == 10, result["lossless"]["mismatches"]
+    check = result["lossless"]
+    assert check["concurrency"] == [1, 4] and check["prompts"] == 20
+    assert check["identical"] == 20, check["mismatches"]
+
+
+def test_ctrl_c_during_up_stops_everything_without_a_traceback(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "models").symlink_to(models_dir)
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "dflash_ops.cli", "local", "up", "--state-dir", str(tmp_path),
+            "--no-prometheus", "--engine-port", str(free_port()),
+            "--sidecar-port", str(free_port()),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert process.stderr is not None
+    seen = ""
+    while "starting the vLLM CPU engine" not in seen:
+        line = process.stderr.readline()
+        assert line, seen
+        seen += line
+    time.sleep(3)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)  # a second Ctrl-C during the clean-up is ignored
+    _, rest = process.communicate(timeout=120)
+    output = seen + rest
+    assert process.returncode == 2, output
+    assert "stopping what was started" in output and "Traceback" not in output
+    assert "nothing of the stack is left running" in output
+    assert not (tmp_path / "state.json").exists()

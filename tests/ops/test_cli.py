@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from dflash_ops.cli import main
@@ -25,3 +26,40 @@ def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> N
         main(["no-such-command"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--base-url", "ftp://x:1"], "expected http:// or https://"),
+        (["bench", "--base-url", "http://127.0.0.1:99999"], "the port is not a number"),
+        (["bench", "--repeats", "0"], "argument --repeats: '0': must be above 0"),
+        (["bench", "--concurrency", "a,b"], "expected numbers like 1,4"),
+        (["bench", "--concurrency", "1", "--request-rate", "2"], "not allowed with argument"),
+        (["bench", "--max-concurrency", "4"], "--max-concurrency caps --request-rate levels"),
+        (["bench", "--out", "/proc/no-such-dir"], "--out /proc/no-such-dir: cannot write"),
+        (["bench", "compare", "/no/such/dir", "/no/such/dir"], "no such file"),
+        (["bench", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["local", "up", "--k", "99"], "num_speculative_tokens must be 1 to 15"),
+        (["local", "up", "--engine-port", "70000"], "a port is 1 to 65535"),
+        (["sidecar", "--scrape-interval", "-1"], "scrape_interval_s"),
+    ],
+)
+def test_garbage_flags_get_one_line_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+
+
+def test_compare_accepts_a_directory_and_names_a_foreign_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results.json").write_text('{"not": "a benchmark"}')
+    assert main(["bench", "compare", str(tmp_path), str(tmp_path)]) == 2
+    assert "is not a dflash-serve results.json" in capsys.readouterr().err

@@ -1,69 +1,132 @@
-"""Talk to the endpoint: chat completions, the model list, and /metrics counters."""
+"""Talk to the endpoint: streaming and greedy chat completions, the model list, and /metrics.
+
+Streaming requests record what a serving benchmark reports per request: time to the first
+content chunk (TTFT), the gaps between chunks (inter-token latency: vLLM streams one chunk per
+engine step, so with speculative decoding a chunk may carry several tokens), the end, and the
+output token count from the final usage chunk. The SSE stream is split on raw bytes and only
+complete events are decoded, so the client stays far from being the bottleneck.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 from dflash_sidecar import exposition
 
 from dflash_ops.errors import UserError
 
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
+_PREFIX_HITS = re.compile(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\}\s+(\S+)", re.M)
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_base_url(url: str) -> str:
+    """`url` without a trailing slash, or a UserError naming what is wrong with it."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise UserError(
+            f"--base-url {url!r}: expected http:// or https://, e.g. http://127.0.0.1:8000"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise UserError(f"--base-url {url!r}: the port is not a number in 1-65535") from None
+    if not parts.hostname or port == 0:
+        raise UserError(
+            f"--base-url {url!r}: expected a host (and port), e.g. http://127.0.0.1:8000"
+        )
+    return url.rstrip("/")
+
+
+@dataclass
+class RequestRecord:
+    """What one streamed request measured."""
+
+    ok: bool
+    start: float = 0.0  # perf_counter seconds
+    ttft_s: float | None = None
+    end: float = 0.0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    chunk_gaps_s: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def latency_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (e2e - TTFT) / (tokens - 1)."""
+        if self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 class Endpoint:
-    def __init__(
-        self,
-        base_url: str,
-        timeout_s: float = 600.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=timeout_s,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-            transport=transport,
-        )
+    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+        self.base_url = check_base_url(base_url)
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=CONNECT_TIMEOUT_S)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self.timeout,
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            )
+        return self._session
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
-    async def _get(self, path: str) -> httpx.Response:
+    async def _get(self, path: str) -> tuple[int, str]:
         try:
-            return await self.client.get(path)
-        except httpx.ConnectError as err:
+            async with self.session.get(self.base_url + path) as reply:
+                return reply.status, await reply.text()
+        except (aiohttp.ClientError, TimeoutError) as err:
             raise UserError(
-                f"cannot reach {self.base_url}{path}: {err}; is the engine running "
-                "(dflash-serve local status)?"
+                f"cannot reach {self.base_url}{path}: {type(err).__name__} {err}; is the engine "
+                "running (dflash-serve local status)?"
             ) from None
 
     async def models(self) -> list[str]:
-        reply = await self._get("/v1/models")
-        if reply.status_code != 200:
-            raise UserError(f"{self.base_url}/v1/models answered {reply.status_code}")
-        return [str(m["id"]) for m in reply.json().get("data", [])]
+        status, text = await self._get("/v1/models")
+        if status != 200:
+            raise UserError(f"{self.base_url}/v1/models answered {status}: {text[:200]}")
+        try:
+            return [str(m["id"]) for m in json.loads(text).get("data", [])]
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
+            raise UserError(
+                f"{self.base_url}/v1/models is not an OpenAI model list: {text[:120]!r}"
+            ) from None
 
     async def check_model(self, model: str) -> None:
         served = await self.models()
         if model not in served:
             raise UserError(
-                f"model {model!r} is not served at {self.base_url}; it serves: {', '.join(served)}"
+                f"model {model!r} is not served at {self.base_url}; it serves: "
+                f"{', '.join(served) or 'nothing'}"
             )
 
     async def metrics_text(self) -> str | None:
-        reply = await self._get("/metrics")
-        return reply.text if reply.status_code == 200 else None
+        status, text = await self._get("/metrics")
+        return text if status == 200 else None
 
     async def counters(self) -> exposition.SeriesSample | None:
-        """Speculative counters summed over every series for the model; None if absent."""
+        """Speculative counters summed over every series; None if the server has none."""
         text = await self.metrics_text()
         if text is None:
             return None
-        parsed = exposition.parse(text)
-        samples = [s for s in parsed.series.values() if s.has_spec_decode]
+        samples = [s for s in exposition.parse(text).series.values() if s.has_spec_decode]
         if not samples:
             return None
         total = exposition.SeriesSample(has_spec_decode=True)
@@ -76,6 +139,16 @@ class Endpoint:
                 total.accepted_per_pos[i] = total.accepted_per_pos.get(i, 0.0) + v
         return total
 
+    async def prefix_cache(self) -> tuple[float, float] | None:
+        """(hit tokens, queried tokens) of vLLM's prefix cache, summed; None if not exported."""
+        text = await self.metrics_text()
+        totals = {"hits": 0.0, "queries": 0.0}
+        found = False
+        for kind, value in _PREFIX_HITS.findall(text or ""):
+            totals[kind] += float(value)
+            found = True
+        return (totals["hits"], totals["queries"]) if found else None
+
     async def kv_cache_tokens(self) -> int | None:
         text = await self.metrics_text()
         for line in (text or "").splitlines():
@@ -87,27 +160,91 @@ class Endpoint:
                     return int(blocks) * int(size)
         return None
 
-    async def chat(self, model: str, prompt: str, max_tokens: int) -> tuple[list[int], int, float]:
-        """(completion token ids, completion tokens, latency seconds) for one greedy request."""
-        body = {
+    def _body(self, model: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        return {
             "model": model,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": messages,
             "max_tokens": max_tokens,
             "temperature": 0,
             "ignore_eos": True,
-            "return_token_ids": True,
         }
-        started = time.perf_counter()
+
+    async def stream_chat(
+        self, model: str, messages: list[dict[str, str]], max_tokens: int
+    ) -> RequestRecord:
+        """One streamed greedy request; never raises for a failed request (recorded instead)."""
+        body = self._body(model, messages, max_tokens) | {
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        record = RequestRecord(ok=False, start=time.perf_counter())
+        last = record.start
         try:
-            reply = await self.client.post("/v1/chat/completions", json=body)
-        except httpx.ConnectError as err:
-            raise UserError(f"cannot reach {self.base_url}: {err}") from None
-        latency = time.perf_counter() - started
-        if reply.status_code != 200:
-            raise UserError(
-                f"{self.base_url}/v1/chat/completions answered {reply.status_code}: "
-                f"{reply.text[:300]}"
-            )
-        data = reply.json()
-        token_ids = [int(t) for t in data["choices"][0].get("token_ids") or []]
-        return token_ids, int(data["usage"]["completion_tokens"]), latency
+            async with self.session.post(
+                self.base_url + "/v1/chat/completions", json=body
+            ) as reply:
+                if reply.status != 200:
+                    record.error = f"HTTP {reply.status}: {(await reply.text())[:200]}"
+                    record.end = time.perf_counter()
+                    return record
+                buffer = b""
+                async for data in reply.content.iter_any():
+                    buffer += data
+                    while b"\n\n" in buffer:
+                        event, buffer = buffer.split(b"\n\n", 1)
+                        event = event.strip()
+                        if not event.startswith(b"data: "):
+                            continue
+                        payload = event[6:]
+                        if payload == b"[DONE]":
+                            continue
+                        now = time.perf_counter()
+                        chunk = json.loads(payload)
+                        choices = chunk.get("choices")
+                        if choices:
+                            delta = choices[0].get("delta") or {}
+                            if (
+                                delta.get("content")
+                                or delta.get("reasoning_content")
+                                or delta.get("reasoning")
+                            ):
+                                if record.ttft_s is None:
+                                    record.ttft_s = now - record.start
+                                else:
+                                    record.chunk_gaps_s.append(now - last)
+                                last = now
+                        usage = chunk.get("usage")
+                        if usage:
+                            record.output_tokens = int(usage.get("completion_tokens") or 0)
+                            record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as err:
+            record.error = f"{type(err).__name__}: {err}"[:300]
+            record.end = time.perf_counter()
+            return record
+        record.end = last
+        record.ok = record.ttft_s is not None and record.output_tokens > 0
+        if not record.ok:
+            record.error = "the stream carried no content or no usage"
+        return record
+
+    async def chat_token_ids(
+        self, model: str, messages: list[dict[str, str]], max_tokens: int
+    ) -> list[int]:
+        """Completion token ids of one greedy request (for the losslessness check)."""
+        body = self._body(model, messages, max_tokens) | {"return_token_ids": True}
+        try:
+            async with self.session.post(
+                self.base_url + "/v1/chat/completions", json=body
+            ) as reply:
+                text = await reply.text()
+                if reply.status != 200:
+                    raise UserError(
+                        f"{self.base_url}/v1/chat/completions answered {reply.status}: {text[:300]}"
+                    )
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise UserError(f"cannot reach {self.base_url}: {type(err).__name__} {err}") from None
+        try:
+            choice = json.loads(text)["choices"][0]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise UserError(f"{self.base_url} answered a non-OpenAI body: {text[:120]!r}") from None
+        return [int(t) for t in choice.get("token_ids") or []]

@@ -31,6 +31,8 @@ class SidecarCost(BaseModel):
     cycles: int
     p50_ms: float
     p99_ms: float
+    parse_p50_ms: float
+    reference_parse_p50_ms: float
     simulated_hours: float
     scrape_interval_s: float
     rss_mb: dict[str, float]
@@ -89,6 +91,23 @@ def time_cycles(cycles: int, interval_s: float) -> tuple[int, list[float]]:
     return texts[0].count("\n"), timings
 
 
+def time_parsers(rounds: int = 50) -> tuple[float, float]:
+    """p50 ms of the sidecar's parser and of prometheus_client's on the same large page."""
+    from dflash_sidecar import exposition
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = large_exposition()
+    ours, theirs = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        exposition.parse(text)
+        ours.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        list(text_string_to_metric_families(text))
+        theirs.append(time.perf_counter() - started)
+    return statistics.median(ours) * 1000, statistics.median(theirs) * 1000
+
+
 def simulate_day(hours: float, interval_s: float) -> dict[str, float]:
     """RSS of a process holding the sidecar app and one monitor fed `hours` of scrapes."""
     from dflash_sidecar.app import create_app
@@ -121,6 +140,7 @@ def simulate_day(hours: float, interval_s: float) -> dict[str, float]:
 
 def measure(cycles: int = 2000, hours: float = 24.0, interval_s: float = 2.0) -> SidecarCost:
     lines, timings = time_cycles(cycles, interval_s)
+    parse_ms, reference_ms = time_parsers()
     # Memory in a fresh process, so the timing phase's pages do not count.
     child = subprocess.run(
         [sys.executable, "-m", "dflash_ops.bench.sidecar_cost", str(hours), str(interval_s)],
@@ -134,6 +154,8 @@ def measure(cycles: int = 2000, hours: float = 24.0, interval_s: float = 2.0) ->
         cycles=cycles,
         p50_ms=round(statistics.median(ordered), 3),
         p99_ms=round(ordered[int(len(ordered) * 0.99) - 1], 3),
+        parse_p50_ms=round(parse_ms, 3),
+        reference_parse_p50_ms=round(reference_ms, 3),
         simulated_hours=hours,
         scrape_interval_s=interval_s,
         rss_mb=json.loads(child.stdout.strip().splitlines()[-1]),

@@ -7,16 +7,19 @@ duplicates and `down` never signals a stranger.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -75,11 +78,30 @@ def _say(message: str) -> None:
 
 
 def _alive(record: ProcessRecord) -> bool:
+    """The component's own process (the group leader) runs the recorded command line."""
     try:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     return [c.decode(errors="replace") for c in cmdline if c] == record.argv
+
+
+def group_members(record: ProcessRecord) -> list[int]:
+    """Live processes of the component's process group (its session), the leader included:
+    vLLM's engine core and workers outlive an API server killed with SIGKILL."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(record.pid) and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -98,7 +120,13 @@ def load_state(state_dir: Path) -> StackState | None:
     path = _state_path(state_dir)
     if not path.is_file():
         return None
-    return StackState.model_validate_json(path.read_text())
+    try:
+        return StackState.model_validate_json(path.read_text())
+    except (ValueError, OSError) as err:
+        raise UserError(
+            f"{path} is not a local-stack state file ({str(err).splitlines()[0]}); check that "
+            f"nothing of an old stack still runs (ps -ef), then remove it: rm {path}"
+        ) from None
 
 
 def _save_state(state: StackState) -> None:
@@ -214,80 +242,137 @@ def prometheus_config(config: StackConfig) -> Path:
     return path
 
 
+def _check_port_free(host: str, port: int, what: str, flag: str) -> None:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise UserError(
+                f"port {port} ({what}) is in use by another process: stop it or pass {flag}"
+            ) from None
+
+
+def _engine_ready(record: ProcessRecord) -> bool:
+    """Our engine answers: /health 200 and /v1/models lists our model (not a stranger's)."""
+    if not _http_ok(record.url + READY_PATHS["engine"]):
+        return False
+    try:
+        with urllib.request.urlopen(record.url + "/v1/models", timeout=2) as reply:
+            served = [m.get("id") for m in json.load(reply).get("data", [])]
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return False
+    return SERVED_MODEL in served
+
+
 def up(config: StackConfig) -> StackState:
+    """Start the stack, or the parts of it that died; refuse a different running configuration.
+    Ctrl-C stops whatever was started (a second Ctrl-C is ignored while it does)."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
     state = load_state(config.state_dir)
-    if state is not None and any(_alive(p) for p in state.processes):
-        running = ", ".join(f"{p.name} (pid {p.pid})" for p in state.processes if _alive(p))
-        _say(f"already running: {running}; `dflash-serve local down` first to restart")
-        return state
-    ensure_models(config)
-    state = StackState(config=config, processes=[])
-    processes = state.processes
+    if state is not None and any(group_members(p) for p in state.processes):
+        if state.config != config:
+            raise UserError(
+                "a local stack with another configuration is running in "
+                f"{config.state_dir}: `dflash-serve local down` first, then `local up` again"
+            )
+        dead = [p.name for p in state.processes if not _alive(p)]
+        if not dead and len(state.processes) == len(_wanted(config)):
+            running = ", ".join(f"{p.name} (pid {p.pid})" for p in state.processes)
+            _say(f"already running: {running}")
+            return state
+        _say(f"restarting what is not running: {', '.join(dead) or 'missing parts'}")
     try:
-        engine_url = f"http://127.0.0.1:{config.engine_port}"
-        _say(f"starting the vLLM CPU engine ({config.method}, k={config.num_speculative_tokens})")
-        engine = _spawn(
+        return _start(config, state)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _say("interrupted: stopping what was started...")
+        down(config.state_dir, quiet=True)
+        _say("stopped")
+        raise UserError("interrupted; nothing of the stack is left running") from None
+
+
+def _wanted(config: StackConfig) -> list[str]:
+    names = ["engine", "sidecar"]
+    if config.prometheus and shutil.which("prometheus"):
+        names.append("prometheus")
+    return names
+
+
+def _start(config: StackConfig, previous: StackState | None) -> StackState:
+    kept = {p.name: p for p in (previous.processes if previous else []) if _alive(p)}
+    for record in previous.processes if previous else []:
+        if record.name not in kept:
+            stop_process(record)  # leftovers of a dead component (e.g. its engine core)
+    state = StackState(config=config, processes=[])
+    engine_url = f"http://127.0.0.1:{config.engine_port}"
+    sidecar_url = f"http://127.0.0.1:{config.sidecar_port}"
+    prom_url = f"http://127.0.0.1:{config.prometheus_port}"
+    components: list[tuple[str, list[str], str, int, str, dict[str, str] | None]] = [
+        (
             "engine",
             engine_argv(config),
             engine_url,
-            config,
-            env={"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
-        )
-        processes.append(engine)
-        _save_state(state)
-        _wait(
-            engine,
-            lambda: _http_ok(engine_url + READY_PATHS["engine"]),
-            config.engine_timeout_s,
-            "engine starting",
-        )
-
-        sidecar_url = f"http://127.0.0.1:{config.sidecar_port}"
-        sidecar_argv = [
-            sys.executable,
-            "-m",
-            "dflash_ops.cli",
+            config.engine_port,
+            "--engine-port",
+            {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
+        ),
+        (
             "sidecar",
-            "--engine-url",
-            engine_url,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(config.sidecar_port),
-            "--log-level",
-            "warning",
-        ]
-        sidecar = _spawn("sidecar", sidecar_argv, sidecar_url, config)
-        processes.append(sidecar)
-        _save_state(state)
-        _wait(
-            sidecar,
-            lambda: _http_ok(sidecar_url + READY_PATHS["sidecar"]),
-            120,
-            "sidecar waiting for readiness",
-        )
-
-        prometheus_bin = shutil.which("prometheus")
-        if config.prometheus and prometheus_bin:
-            prom_url = f"http://127.0.0.1:{config.prometheus_port}"
-            prom_argv = [
-                prometheus_bin,
-                f"--config.file={prometheus_config(config)}",
-                f"--storage.tsdb.path={config.state_dir / 'prometheus-data'}",
-                f"--web.listen-address={config.host}:{config.prometheus_port}",
-            ]
-            prometheus = _spawn("prometheus", prom_argv, prom_url, config)
-            processes.append(prometheus)
-            _save_state(state)
-            _wait(
-                prometheus,
-                lambda: _http_ok(prom_url + READY_PATHS["prometheus"]),
-                60,
-                "prometheus starting",
+            [
+                sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", engine_url,
+                "--host", "127.0.0.1", "--port", str(config.sidecar_port), "--log-level", "warning",
+            ],
+            sidecar_url,
+            config.sidecar_port,
+            "--sidecar-port",
+            None,
+        ),
+    ]  # fmt: skip
+    prometheus_bin = shutil.which("prometheus")
+    if config.prometheus and prometheus_bin:
+        components.append(
+            (
+                "prometheus",
+                [
+                    prometheus_bin,
+                    f"--config.file={prometheus_config(config)}",
+                    f"--storage.tsdb.path={config.state_dir / 'prometheus-data'}",
+                    f"--web.listen-address={config.host}:{config.prometheus_port}",
+                ],
+                prom_url,
+                config.prometheus_port,
+                "--prometheus-port",
+                None,
             )
-        elif config.prometheus:
-            _say("prometheus is not installed: skipping it (apt-get install prometheus)")
+        )
+    elif config.prometheus:
+        _say("prometheus is not installed: skipping it (apt-get install prometheus)")
+    ready: dict[str, Callable[[ProcessRecord], bool]] = {
+        "engine": _engine_ready,
+        "sidecar": lambda r: _http_ok(r.url + READY_PATHS["sidecar"]),
+        "prometheus": lambda r: _http_ok(r.url + READY_PATHS["prometheus"]),
+    }
+    timeouts = {"engine": config.engine_timeout_s, "sidecar": 120.0, "prometheus": 60.0}
+    for name, _, _, port, flag, _ in components:
+        if name not in kept:  # before anything starts: a stranger on a port is not our engine
+            _check_port_free(config.host, port, name, flag)
+    ensure_models(config)
+    try:
+        for name, argv, url, _, _, env in components:
+            if name in kept:
+                state.processes.append(kept[name])
+                continue
+            if name == "engine":
+                _say(
+                    f"starting the vLLM CPU engine ({config.method}, "
+                    f"k={config.num_speculative_tokens})"
+                )
+            record = _spawn(name, argv, url, config, env=env)
+            state.processes.append(record)
+            _save_state(state)
+            _wait(record, partial(ready[name], record), timeouts[name], f"{name} starting")
+        _save_state(state)
     except BaseException:
         down(config.state_dir, quiet=True)
         raise
@@ -302,24 +387,38 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
         return []
     stopped = []
     for record in reversed(state.processes):
+        members = group_members(record)
         if stop_process(record):
             stopped.append(record.name)
             if not quiet:
-                _say(f"stopped {record.name} (pid {record.pid})")
+                extra = len([p for p in members if p != record.pid])
+                also = f" and {extra} process(es) it started" if extra else ""
+                leader = "" if record.pid in members else ", already exited"
+                _say(f"stopped {record.name} (pid {record.pid}{leader}){also}")
+    left = {r.name: group_members(r) for r in state.processes if group_members(r)}
+    if left:
+        raise UserError(
+            "could not stop "
+            + ", ".join(f"{name} (pids {' '.join(map(str, pids))})" for name, pids in left.items())
+            + f"; the state stays in {_state_path(state_dir)}"
+        )
     _state_path(state_dir).unlink(missing_ok=True)
     return stopped
 
 
 def stop_process(record: ProcessRecord, grace_s: float = 30.0) -> bool:
-    """SIGTERM the process group, SIGKILL after `grace_s`; False if it was not running."""
-    if not _alive(record):
+    """SIGTERM the component's process group, SIGKILL what is left after `grace_s`; False if
+    nothing of it was running. The group is stopped whenever any member survives."""
+    if not group_members(record):
         return False
-    os.killpg(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while _alive(record) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _alive(record):
-        os.killpg(record.pid, signal.SIGKILL)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, sig)
+        deadline = time.monotonic() + wait_s
+        while group_members(record) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not group_members(record):
+            break
     return True
 
 
@@ -333,7 +432,12 @@ def restart_process(state: StackState, name: str) -> ProcessRecord:
     state.processes[index] = fresh
     _save_state(state)
     probe = READY_PATHS[name]
-    _wait(fresh, lambda: _http_ok(fresh.url + probe), config.engine_timeout_s, f"{name} restarting")
+    check = (
+        (lambda: _engine_ready(fresh))
+        if name == "engine"
+        else (lambda: _http_ok(fresh.url + probe))
+    )
+    _wait(fresh, check, config.engine_timeout_s, f"{name} restarting")
     return fresh
 
 
@@ -345,11 +449,13 @@ def status(state_dir: Path) -> list[dict[str, object]]:
     for record in state.processes:
         probe = READY_PATHS[record.name]
         alive = _alive(record)
+        members = group_members(record)
         rows.append(
             {
                 "name": record.name,
                 "pid": record.pid,
                 "running": alive,
+                "leftover_processes": [p for p in members if p != record.pid],
                 "healthy": alive and _http_ok(record.url + probe),
                 "url": record.url,
                 "log": record.log,

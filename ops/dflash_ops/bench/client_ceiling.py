@@ -1,0 +1,161 @@
+"""`dflash-serve bench client`: how many output tokens per second the benchmark client itself
+sustains, against a server that answers instantly (`fake_server`, in its own process), side by
+side with vLLM's `vllm bench serve` client on the same server when vLLM is importable.
+
+The two clients run alternately, `repeats` times each, in one invocation: the machine's noise
+hits both, and the ratio of their means is the figure to quote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from dflash_ops.bench.client import Endpoint
+from dflash_ops.bench.prompts import build
+from dflash_ops.bench.runner import Level, Progress, run_pass
+from dflash_ops.errors import UserError
+
+VLLM_CLIENT = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+class ClientCeiling(BaseModel):
+    concurrency: int
+    requests: int
+    max_tokens: int
+    ours_tokens_per_s: list[float]
+    vllm_tokens_per_s: list[float]
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.vllm_tokens_per_s:
+            return None
+        return statistics.fmean(self.ours_tokens_per_s) / statistics.fmean(self.vllm_tokens_per_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_server() -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dflash_ops.bench.fake_server", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            return process, url
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise UserError("the instant test server did not start") from None
+            time.sleep(0.1)
+
+
+async def _ours(url: str, concurrency: int, requests: int, max_tokens: int) -> float:
+    endpoint = Endpoint(url)
+    try:
+        prompts = build("random", requests, input_len=32)
+        run, _ = await run_pass(
+            endpoint,
+            "fake",
+            prompts,
+            Level(concurrency=concurrency),
+            max_tokens,
+            requests,
+            None,
+            0,
+            Progress("dflash-serve bench:", requests, stream=open(os.devnull, "w")),  # noqa: SIM115
+        )
+    finally:
+        await endpoint.aclose()
+    if run.failed:
+        raise UserError(f"{run.failed} requests failed against the instant server")
+    return run.output_tokens_per_s
+
+
+def _tokenizer_dir() -> Path:
+    """A tokenizer for `vllm bench serve` to build its random prompts with (no hub)."""
+    from dflash_ops.local.tiny_model import train_tokenizer
+
+    directory = Path(tempfile.gettempdir()) / "dflash-serve-bench-tokenizer"
+    if not (directory / "tokenizer.json").is_file():
+        train_tokenizer(directory, 2048)
+    return directory
+
+
+def _vllm(url: str, concurrency: int, requests: int, max_tokens: int, work: Path) -> float:
+    result = work / "vllm.json"
+    result.unlink(missing_ok=True)
+    args = [
+        "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
+        "--model", "fake", "--tokenizer", str(_tokenizer_dir()), "--dataset-name", "random",
+        "--random-input-len", "32", "--random-output-len", str(max_tokens),
+        "--num-prompts", str(requests), "--max-concurrency", str(concurrency),
+        "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(work),
+        "--result-filename", result.name,
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM_CLIENT, *args], capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0 or not result.is_file():
+        raise UserError(f"vllm bench serve failed: {done.stderr.strip()[-500:]}")
+    return float(json.loads(result.read_text())["output_throughput"])
+
+
+def vllm_client_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.benchmarks.serve") is not None
+
+
+def measure(
+    concurrency: int, requests: int, max_tokens: int, repeats: int, against_vllm: bool
+) -> ClientCeiling:
+    process, url = _start_server()
+    ours: list[float] = []
+    theirs: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            for i in range(repeats):
+                ours.append(asyncio.run(_ours(url, concurrency, requests, max_tokens)))
+                line = f"  run {i + 1}/{repeats}: dflash-serve bench {ours[-1]:,.0f} tok/s"
+                if against_vllm:
+                    theirs.append(_vllm(url, concurrency, requests, max_tokens, Path(work)))
+                    line += f", vllm bench serve {theirs[-1]:,.0f} tok/s"
+                print(line, file=sys.stderr, flush=True)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    return ClientCeiling(
+        concurrency=concurrency,
+        requests=requests,
+        max_tokens=max_tokens,
+        ours_tokens_per_s=ours,
+        vllm_tokens_per_s=theirs,
+    )
