@@ -28,20 +28,28 @@ def main() -> None:
         fail(f"vLLM is {vllm.__version__}, not 0.33.0")
     root = Path(vllm.__file__).parent
 
-    # Patch 1: both backends make Qwen4ExpModel an EagleModelMixin and capture aux states.
+    # Patch 1: both backends make Qwen4ExpModel an EagleModelMixin, the causal LM a
+    # SupportsEagle3, and the decoder layer hands out its materialized input.
+    # Patch 3: both model classes report the QSA ring as a block-size alignment.
     for backend in ("nvidia", "amd"):
         tree = ast.parse((root / "models" / "qwen4_exp" / backend / "model.py").read_text())
         classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-        model = classes["Qwen4ExpModel"]
-        if "EagleModelMixin" not in {ast.unparse(b) for b in model.bases}:
+
+        def methods(name: str) -> dict[str, ast.FunctionDef]:
+            return {f.name: f for f in classes[name].body if isinstance(f, ast.FunctionDef)}
+
+        if "EagleModelMixin" not in {ast.unparse(b) for b in classes["Qwen4ExpModel"].bases}:
             fail(f"{backend}: Qwen4ExpModel does not inherit EagleModelMixin")
-        methods = {f.name for f in model.body if isinstance(f, ast.FunctionDef)}
-        if "_aux_hidden_state" not in methods:
+        if "_aux_hidden_state" not in methods("Qwen4ExpModel"):
             fail(f"{backend}: Qwen4ExpModel has no aux hidden-state capture")
+        if "SupportsEagle3" not in {ast.unparse(b) for b in classes["Qwen4ExpForCausalLM"].bases}:
+            fail(f"{backend}: Qwen4ExpForCausalLM does not support EAGLE-3/DFlash drafts")
+        layer_args = methods("Qwen4ExpDecoderLayer")["forward"].args
+        if "capture_input" not in {a.arg for a in layer_args.args + layer_args.kwonlyargs}:
+            fail(f"{backend}: Qwen4ExpDecoderLayer cannot hand out its input")
         for entry in ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"):
-            names = {f.name for f in classes[entry].body if isinstance(f, ast.FunctionDef)}
-            if "set_aux_hidden_state_layers" not in names:
-                fail(f"{backend}: {entry} does not implement set_aux_hidden_state_layers")
+            if "get_block_size_alignment_from_config" not in methods(entry):
+                fail(f"{backend}: {entry} reports no block-size alignment")
 
     # Patch 2: the config gate accepts dflash and validates the draft.
     from vllm.model_executor.models import config as model_config
@@ -50,14 +58,15 @@ def main() -> None:
     if '"dflash"' not in gate or not hasattr(model_config, "_verify_qwen4_exp_dflash_draft"):
         fail("the Qwen4Exp config gate does not accept dflash drafts")
 
-    # Patch 3: the QSA ring joins the block-size alignment.
+    # Patch 3: the platform folds the model's alignment into the block size.
     from vllm.models.qwen4_exp.common.qsa_cache import qsa_ring_capacity
     from vllm.platforms.interface import Platform
 
     if qsa_ring_capacity(4, 7) != 12:
         fail("qsa_ring_capacity(4, 7) != 12")
-    if "qsa_ring_capacity" not in inspect.getsource(Platform._align_hybrid_block_size):
-        fail("Platform._align_hybrid_block_size ignores the QSA ring capacity")
+    align = inspect.getsource(Platform._align_hybrid_block_size)
+    if "get_block_size_alignment_from_config" not in align:
+        fail("Platform._align_hybrid_block_size ignores the model's block-size alignment")
 
     if importlib.util.find_spec("dflash_patches") is not None:
         print("self check passed: aux capture (nvidia, amd), dflash config gate, QSA block size")

@@ -57,9 +57,9 @@ class Manifest(BaseModel):
 
 
 class PatchState(StrEnum):
-    PENDING = "pending"  # every target file is the original 0.33.0 file
-    APPLIED = "applied"  # every target file is the patched file
-    MIXED = "mixed"  # targets disagree or one matches neither hash
+    PENDING = "pending"  # every target file is as it was before this patch
+    APPLIED = "applied"  # every target file is this patch's result, or a later patch's
+    MIXED = "mixed"  # targets disagree or one matches no hash of the series
 
 
 class PatchStatus(BaseModel):
@@ -76,13 +76,25 @@ def load_manifest(series_dir: Path = SERIES_DIR) -> Manifest:
             "patches/ directory"
         )
     manifest = Manifest.model_validate_json(path.read_text())
-    seen: dict[str, str] = {}
+    last: dict[str, str] = {}  # target -> its hash after the latest patch touching it
     for entry in manifest.patches:
-        for target in entry.targets:
-            if target in seen:
-                raise PatchError(f"{target} is patched by both {seen[target]} and {entry.file}")
-            seen[target] = entry.file
+        for target, hashes in entry.targets.items():
+            if target in last and last[target] != hashes.before:
+                raise PatchError(
+                    f"{entry.file} expects {target} as the patches before it leave it, and "
+                    f"{MANIFEST_NAME} says otherwise: regenerate the manifest"
+                )
+            last[target] = hashes.after
     return manifest
+
+
+def _chains(manifest: Manifest) -> dict[str, list[str]]:
+    """Per target file, its hashes in series order: original, then after each patch."""
+    chains: dict[str, list[str]] = {}
+    for entry in manifest.patches:
+        for target, hashes in entry.targets.items():
+            chains.setdefault(target, [hashes.before]).append(hashes.after)
+    return chains
 
 
 def load_patch(series_dir: Path, entry: PatchEntry) -> list[FilePatch]:
@@ -116,21 +128,22 @@ def require_version(site_packages: Path, manifest: Manifest) -> None:
         )
 
 
-def _file_state(path: Path, hashes: TargetHashes) -> str:
+def _file_state(path: Path, hashes: TargetHashes, chain: list[str]) -> str:
+    """Where a target stands for one patch: "original" (the patch, and maybe earlier ones on
+    the same file, still to apply), "patched" (this patch applied, maybe later ones too)."""
     if not path.is_file():
         return "missing"
     digest = sha256(path.read_bytes())
-    if digest == hashes.before:
-        return "original"
-    if digest == hashes.after:
-        return "patched"
-    return "changed"
+    if digest not in chain:
+        return "changed"
+    return "patched" if chain.index(digest) >= chain.index(hashes.after) else "original"
 
 
 def status(site_packages: Path, manifest: Manifest) -> list[PatchStatus]:
+    chains = _chains(manifest)
     result = []
     for entry in manifest.patches:
-        files = {t: _file_state(site_packages / t, h) for t, h in entry.targets.items()}
+        files = {t: _file_state(site_packages / t, h, chains[t]) for t, h in entry.targets.items()}
         states = set(files.values())
         state = (
             PatchState.PENDING
@@ -144,13 +157,22 @@ def status(site_packages: Path, manifest: Manifest) -> list[PatchStatus]:
 
 
 def _transform(
-    site_packages: Path, series_dir: Path, entry: PatchEntry, *, reverse: bool
+    site_packages: Path,
+    series_dir: Path,
+    entry: PatchEntry,
+    *,
+    reverse: bool,
+    staged: dict[Path, bytes] | None = None,
 ) -> dict[Path, bytes]:
-    """New contents of one patch's targets, verified against the manifest hashes."""
+    """New contents of one patch's targets, verified against the manifest hashes. `staged`
+    holds contents earlier patches of this run produced (files several patches touch)."""
     new: dict[Path, bytes] = {}
     for file_patch in load_patch(series_dir, entry):
         target = site_packages / file_patch.path
-        text = target.read_text() if target.is_file() else ""
+        if staged is not None and target in staged:
+            text = staged[target].decode()
+        else:
+            text = target.read_text() if target.is_file() else ""
         try:
             updated = file_patch.apply(text, reverse=reverse).encode()
         except HunkFailed as err:
@@ -206,7 +228,7 @@ def _run(site_packages: Path, series_dir: Path, *, reverse: bool) -> list[str]:
             actions.append(f"{entry.file}: already {'reverted' if reverse else 'applied'}")
             continue
         assert state.state == todo
-        pending |= _transform(site_packages, series_dir, entry, reverse=reverse)
+        pending |= _transform(site_packages, series_dir, entry, reverse=reverse, staged=pending)
         actions.append(f"{entry.file}: {'reverted' if reverse else 'applied'}")
     _write_atomically(pending)
     return actions
@@ -227,9 +249,10 @@ def check(site_packages: Path, series_dir: Path = SERIES_DIR) -> list[PatchStatu
     manifest = load_manifest(series_dir)
     require_version(site_packages, manifest)
     result = status(site_packages, manifest)
+    staged: dict[Path, bytes] = {}
     for entry, state in zip(manifest.patches, result, strict=True):
         if state.state != PatchState.APPLIED:
-            _transform(site_packages, series_dir, entry, reverse=False)
+            staged |= _transform(site_packages, series_dir, entry, reverse=False, staged=staged)
     return result
 
 
@@ -238,14 +261,18 @@ def build_manifest(
 ) -> str:
     """Manifest JSON for the *.patch files in series_dir, against pristine sources (maintainers)."""
     entries = []
+    current: dict[str, str] = {}  # files as the patches so far leave them
     for patch_path in sorted(series_dir.glob("[0-9][0-9][0-9][0-9]-*.patch")):
         data = patch_path.read_bytes()
         text = data.decode()
         subject = text.splitlines()[0].removeprefix("Subject: ")
         targets = {}
         for file_patch in parse(text):
-            original = (source_root / file_patch.path).read_text()
+            original = current.get(file_patch.path)
+            if original is None:
+                original = (source_root / file_patch.path).read_text()
             patched = file_patch.apply(original)
+            current[file_patch.path] = patched
             targets[file_patch.path] = TargetHashes(
                 before=sha256(original.encode()), after=sha256(patched.encode())
             )

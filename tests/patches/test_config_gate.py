@@ -33,6 +33,15 @@ def test_unpatched_vllm_rejects_dflash(run_probe: ProbeRunner) -> None:
     assert "supports only its native MTP" in result["error"]
 
 
+def test_patched_vllm_names_a_method_it_rejects(patched_vllm: Path, run_probe: ProbeRunner) -> None:
+    result = run_probe(patched_vllm, "method-gate", "eagle3")
+    assert not result["accepted"]
+    assert (
+        "MTP checkpoint, linear n-gram proposers and DFlash drafts, not 'eagle3'"
+        in (result["error"])
+    )
+
+
 def test_patched_vllm_accepts_the_dflash2_draft(patched_vllm: Path, run_probe: ProbeRunner) -> None:
     result = run_probe(patched_vllm, "config-gate", str(DRAFT))
     assert result == {"accepted": True, "method": "dflash", "mamba_ssm_cache_dtype": "float32"}
@@ -44,8 +53,24 @@ def test_out_of_range_target_layers_are_named(
     draft = draft_variant(tmp_path, target_layer_ids=[5, 15, 25, 35, 48])
     result = run_probe(patched_vllm, "config-gate", draft)
     assert not result["accepted"]
+    assert "asks for aux layer ids [6, 16, 26, 36, 49]" in result["error"]
     assert "[49] fall outside 0..48" in result["error"]
     assert draft in result["error"]
+
+
+@pytest.mark.parametrize(
+    ("ids", "aux"),
+    [([5, 15, 25, 25, 45], "[6, 16, 26, 26, 46]"), ([15, 5, 25, 35, 45], "[16, 6, 26, 36, 46]")],
+    ids=["duplicate", "unsorted"],
+)
+def test_target_layers_must_be_strictly_increasing(
+    patched_vllm: Path, run_probe: ProbeRunner, tmp_path: Path, ids: list[int], aux: str
+) -> None:
+    # The model sorts and dedups its capture ids: a duplicate would give 4 features against a
+    # 12800-wide fc, and unsorted ids would silently reorder the features.
+    result = run_probe(patched_vllm, "config-gate", draft_variant(tmp_path, target_layer_ids=ids))
+    assert not result["accepted"]
+    assert f"asks for aux layer ids {aux}, which must be strictly increasing" in result["error"]
 
 
 def test_wrong_feature_width_is_named(

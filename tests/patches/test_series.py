@@ -34,9 +34,15 @@ def test_manifest_is_current(manifest: series.Manifest, target_tree: Path) -> No
 
 
 def test_every_patch_has_one_concern_and_a_description(manifest: series.Manifest) -> None:
-    targets = [set(p.targets) for p in manifest.patches]
     assert len(manifest.patches) == 3
-    assert all(t.isdisjoint(u) for i, t in enumerate(targets) for u in targets[i + 1 :])
+    capture, gate, block_size = manifest.patches
+    assert set(gate.targets) == {"vllm/model_executor/models/config.py"}
+    assert "vllm/platforms/interface.py" in block_size.targets
+    # The block-size hook lives on the model classes, after the capture patch: a chain.
+    shared = set(capture.targets) & set(block_size.targets)
+    assert shared == {"vllm/models/qwen4_exp/nvidia/model.py", "vllm/models/qwen4_exp/amd/model.py"}
+    for target in shared:
+        assert block_size.targets[target].before == capture.targets[target].after
     for entry in manifest.patches:
         text = (series.SERIES_DIR / entry.file).read_text()
         assert text.startswith("Subject: [PATCH")
@@ -49,11 +55,11 @@ def test_apply_compiles_and_hashes_as_the_manifest_says(
     assert {s.state for s in series.check(target_tree)} == {PatchState.PENDING}
     done = series.apply(target_tree)
     assert done == [f"{p.file}: applied" for p in manifest.patches]
-    for entry in manifest.patches:
-        for target, hashes in entry.targets.items():
-            path = target_tree / target
-            assert series.sha256(path.read_bytes()) == hashes.after
-            py_compile.compile(str(path), doraise=True)
+    final = {t: h.after for p in manifest.patches for t, h in p.targets.items()}  # last wins
+    for target, after in final.items():
+        path = target_tree / target
+        assert series.sha256(path.read_bytes()) == after
+        py_compile.compile(str(path), doraise=True)
     assert {s.state for s in series.check(target_tree)} == {PatchState.APPLIED}
 
 
@@ -73,6 +79,23 @@ def test_revert_restores_the_originals_byte_for_byte(
     for name, data in wheel_sources.items():
         assert (target_tree / name).read_bytes() == data, name
     assert all(line.endswith("already reverted") for line in series.revert(target_tree))
+
+
+def test_a_partly_applied_series_is_completed_and_reverted_in_order(
+    manifest: series.Manifest, target_tree: Path, wheel_sources: dict[str, bytes]
+) -> None:
+    capture = manifest.patches[0]
+    # Someone applied the capture patch alone: the block-size patch must build on it.
+    for file_patch in series.load_patch(series.SERIES_DIR, capture):
+        path = target_tree / file_patch.path
+        path.write_text(file_patch.apply(path.read_text()))
+    states = [s.state for s in series.status(target_tree, manifest)]
+    assert states == [PatchState.APPLIED, PatchState.PENDING, PatchState.PENDING]
+    assert series.apply(target_tree)[0].endswith("already applied")
+    assert {s.state for s in series.status(target_tree, manifest)} == {PatchState.APPLIED}
+    series.revert(target_tree)
+    for name, data in wheel_sources.items():
+        assert (target_tree / name).read_bytes() == data, name
 
 
 def test_refuses_another_vllm_version(target_tree: Path) -> None:
@@ -97,7 +120,7 @@ def test_a_changed_target_names_the_file_and_hunk(target_tree: Path) -> None:
         series.apply(target_tree)
     message = str(err.value)
     assert "0002-qwen4-exp-allow-dflash-drafts.patch" in message
-    assert "vllm/model_executor/models/config.py: hunk 2 (@@ -1049,14 +1088,17 @@)" in message
+    assert "vllm/model_executor/models/config.py: hunk 2 (@@ -1049,14 +1094,18 @@)" in message
     # Nothing was written: the other patches stay pending.
     assert series.status(target_tree, series.load_manifest())[0].state == PatchState.PENDING
 

@@ -21,7 +21,28 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
 
 
-def config_gate(draft_dir: str, k: int) -> dict[str, Any]:
+def method_gate(method: str) -> dict[str, Any]:
+    """The Qwen4Exp config check on a real VllmConfig whose speculative method is `method`
+    (a stand-in speculative config: most methods need a draft checkpoint to build)."""
+    import types
+
+    from dflash_ops.plan import vllm_engine
+    from dflash_ops.plan.checkpoint import load_checkpoint
+    from dflash_ops.plan.model import BlockSizeInputs
+    from vllm.model_executor.models.config import Qwen4ExpForConditionalGenerationConfig
+
+    config = vllm_engine.build_vllm_config(
+        load_checkpoint(), BlockSizeInputs(gpu="a100", tp=2, k=0)
+    )
+    config.speculative_config = types.SimpleNamespace(method=method, use_dflash=lambda: False)
+    try:
+        Qwen4ExpForConditionalGenerationConfig.verify_and_update_config(config)
+    except Exception as err:  # the probe reports what vLLM raised, whatever it is
+        return {"accepted": False, "error": f"{type(err).__name__}: {err}"}
+    return {"accepted": True}
+
+
+def config_gate(draft_dir: str, k: int, method: str = "dflash") -> dict[str, Any]:
     from dflash_ops.plan import vllm_engine
     from dflash_ops.plan.checkpoint import load_checkpoint
     from vllm.config import CacheConfig, ParallelConfig, VllmConfig
@@ -33,7 +54,7 @@ def config_gate(draft_dir: str, k: int) -> dict[str, Any]:
     parallel_config = ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True)
     try:
         speculative = SpeculativeConfig(
-            method="dflash",
+            method=method,
             model=draft_dir,
             num_speculative_tokens=k,
             target_model_config=model_config,
@@ -65,6 +86,9 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
     from vllm.models.qwen4_exp.common.qsa_cache import QSAKeyStateCache
 
     v = vllm_engine._vllm()
+    hook = _lift_block_size_hook()
+    if hook is not None:
+        v["Qwen4ExpForPlanning"].get_block_size_alignment_from_config = hook
     ckpt = load_checkpoint()
     alignment = gpu_profile(gpu).prefill_checkpoint_alignment
     qsa_layer_ids = ckpt.attention_layer_ids
@@ -103,12 +127,54 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
     return {"rows": rows}
 
 
+def _lift_block_size_hook() -> Any:
+    """The model class's block-size hook from this tree's nvidia model source (the file needs
+    GPU kernels to import): `Qwen4ExpForCausalLM.get_block_size_alignment_from_config`, bound
+    to the planner's stand-in class. None when the tree has no such hook (unpatched)."""
+    import ast
+    from pathlib import Path
+
+    import vllm
+
+    source = Path(vllm.__file__).parent / "models" / "qwen4_exp" / "nvidia" / "model.py"
+    tree = ast.parse(source.read_text())
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Qwen4ExpForCausalLM"
+    )
+    hook = next(
+        (
+            f
+            for f in cls.body
+            if isinstance(f, ast.FunctionDef) and f.name == "get_block_size_alignment_from_config"
+        ),
+        None,
+    )
+    if hook is None:
+        return None
+    from vllm.config import VllmConfig
+    from vllm.models.qwen4_exp.common.qsa_cache import qsa_ring_capacity
+
+    constants = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_QSA_LAYER_TYPES"
+    )
+    namespace: dict[str, Any] = {"VllmConfig": VllmConfig, "qsa_ring_capacity": qsa_ring_capacity}
+    exec(
+        compile(ast.Module(body=[constants, hook], type_ignores=[]), str(source), "exec"), namespace
+    )
+    return namespace["get_block_size_alignment_from_config"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="probe", required=True)
     gate = sub.add_parser("config-gate")
     gate.add_argument("draft_dir")
     gate.add_argument("--k", type=int, default=7)
+    gate.add_argument("--method", default="dflash")
+    methods = sub.add_parser("method-gate")
+    methods.add_argument("method")
     blocks = sub.add_parser("block-sizes")
     blocks.add_argument("--gpu", default="a100")
     blocks.add_argument("--tp", type=int, default=2)
@@ -116,7 +182,9 @@ def main() -> None:
     blocks.add_argument("--user-block-size", type=int)
     args = parser.parse_args()
     if args.probe == "config-gate":
-        result = config_gate(args.draft_dir, args.k)
+        result = config_gate(args.draft_dir, args.k, args.method)
+    elif args.probe == "method-gate":
+        result = method_gate(args.method)
     else:
         result = block_sizes(args.gpu, args.tp, args.k, args.user_block_size)
     sys.stdout.write("\n" + json.dumps(result) + "\n")

@@ -1,0 +1,53 @@
+"""The GPU acceptance script on CPU: its dry run, and that it checks what the README claims."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "patches" / "gpu_acceptance.py"
+
+
+def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    config = REPO_ROOT / "ops" / "dflash_ops" / "data" / "qwen3.8-flash-next.config.json"
+    (model / "config.json").write_text(config.read_text())
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", str(model), "--draft", "d2", "--dry-run",
+         "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("plan: block size 1680 at k=7 (a100, TP2)")
+    engines = {line.split(":", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in lines[1:4]}
+    assert set(engines) == {"dflash2", "no speculation", "mtp3"}
+    for argv in engines.values():
+        assert argv[:3] == ["vllm", "serve", str(model)]
+        assert "--block-size" not in argv  # the automatic size is what is proven
+    spec = json.loads(engines["dflash2"][engines["dflash2"].index("--speculative-config") + 1])
+    assert spec == {"method": "dflash", "model": "d2", "num_speculative_tokens": 7}
+    assert "--speculative-config" not in engines["no speculation"]
+
+
+def test_sync_check_every_gpu_claim_has_a_check() -> None:
+    """A sync check of the script against the README's GPU claims (the dry run above runs it)."""
+    source = SCRIPT.read_text()
+    for claim in (
+        "automatic block size (no --block-size)",
+        "aux layers",
+        "mean acceptance length, c=1",
+        "per-position acceptance",
+        "qwen3_xml tool call",
+        "qwen3 reasoning parser",
+        "prefix-cache hit rate",
+        "capture overhead per decode step",
+        "lossless at concurrency",
+        "DFlash2 vs MTP-3 at c=1",
+    ):
+        assert f'"{claim}' in source, claim
