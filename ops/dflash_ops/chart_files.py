@@ -1,16 +1,25 @@
 """Files the Helm chart reads, generated from the planner (never edited by hand).
 
-    python -m dflash_ops.chart_files     # rewrite charts/dflash-serve/files/block-sizes.yaml
+    python -m dflash_ops.chart_files     # rewrite charts/dflash-serve/files/*.yaml
 
-The chart looks up `auto` block sizes here and validates explicit ones against the same rule;
-a test regenerates the file and requires it unchanged.
+block-sizes.yaml: the chart looks up `auto` block sizes here and validates explicit ones against
+the same rule. kv-capacity.yaml: the KV-cache plan of the chart's defaults and each profile,
+keyed by what the plan depends on, which NOTES.txt quotes when the release matches one. The
+README's capacity table (between `<!-- plan-capacity: ARGS -->` markers) is the plan's output for
+ARGS. Tests regenerate all three and require them unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import re
+import shlex
 import sys
 from math import lcm
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -21,6 +30,9 @@ from dflash_ops.plan.model import MAX_K, BlockSizeInputs
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "dflash-serve"
 BLOCK_SIZES = CHART_DIR / "files" / "block-sizes.yaml"
+KV_CAPACITY = CHART_DIR / "files" / "kv-capacity.yaml"
+README = CHART_DIR.parents[1] / "README.md"
+README_MARKER = re.compile(r"(<!-- plan-capacity: (.+?) -->\n)(.*?)(<!-- /plan-capacity -->)", re.S)
 TP_SIZES = (1, 2, 4, 8)
 KV_DTYPES = ("auto", "fp8")
 
@@ -61,10 +73,140 @@ def render_block_sizes() -> str:
     return header + yaml.safe_dump(block_size_table(), sort_keys=True, width=100)
 
 
+def engine_argv(rendered: str) -> list[str]:
+    """The arguments after `vllm serve` of the one engine a chart render starts."""
+    for doc in yaml.safe_load_all(rendered):
+        if not doc:
+            continue
+        if doc["kind"] == "Deployment":
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            assert container["command"] == ["vllm", "serve"]
+            return list(container["args"])
+        if doc["kind"] == "RayCluster":
+            container = doc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+            assert container["args"][:2] == ["vllm", "serve"]
+            return list(container["args"][2:])
+    raise ValueError("no engine in the render")
+
+
+def capacity_key(
+    model: str,
+    gpu: str,
+    tp: int,
+    kv: str,
+    method: str,
+    k: int,
+    block: int,
+    max_model_len: int,
+    util: float,
+) -> str:
+    """What the plan depends on; NOTES.txt builds the same string from the release's values."""
+    return f"{model}|{gpu}|tp{tp}|{kv}|{method}|k{k}|b{block}|len{max_model_len}|util{util:g}"
+
+
+def _merged_values(profile: Path | None) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> None:
+        for key, value in over.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+
+    if profile is not None:
+        merge(values, yaml.safe_load(profile.read_text()) or {})
+    return values
+
+
+def capacity_entry(profile: Path | None) -> tuple[str, dict[str, object]]:
+    """The plan for the engine command line the chart renders with these values."""
+    from dflash_ops.plan.planner import make_plan
+    from dflash_ops.render_command import helm_template
+
+    values = _merged_values(profile)
+    argv = engine_argv(helm_template([profile] if profile else [], [], "t", "default"))
+
+    def after(flag: str, default: str) -> str:
+        return argv[argv.index(flag) + 1] if flag in argv else default
+
+    spec = json.loads(after("--speculative-config", '{"method": "off"}'))
+    method = spec["method"]
+    k = int(spec.get("num_speculative_tokens", 0))
+    tp, kv = int(after("--tensor-parallel-size", "1")), after("--kv-cache-dtype", "auto")
+    length, util = int(after("--max-model-len", "0")), float(after("--gpu-memory-utilization", "0"))
+    plan = make_plan(
+        load_checkpoint(),
+        gpu=values["gpu"]["type"],
+        tp=tp,
+        ks=[k],
+        kv_cache_dtype=kv,  # type: ignore[arg-type]
+        method=method,
+        engine="closed-form",
+        max_model_len=length,
+        utilization=util,
+    )
+    capacity = plan.capacity[k]
+    block = int(after("--block-size", "0"))
+    assert block == capacity.block_size, "the chart renders another block size than the plan"
+    key = capacity_key(values["model"]["name"], plan.gpu, tp, kv, method, k, block, length, util)
+    return key, {
+        "profile": profile.stem if profile else "defaults",
+        "kvCacheTokens": capacity.kv_cache_tokens,
+        "budgetGiB": capacity.kv_budget_gib_per_rank,
+        "requests": {f"{n // 1024}k": r for n, r in capacity.requests_at.items()},
+    }
+
+
+def capacity_table() -> dict[str, object]:
+    from dflash_ops.render_command import PROFILES_DIR
+
+    profiles: list[Path | None] = [None, *sorted(PROFILES_DIR.glob("*.yaml"))]
+    return dict(capacity_entry(profile) for profile in profiles)
+
+
+def render_kv_capacity() -> str:
+    header = (
+        "# Generated by `python -m dflash_ops.chart_files` from `dflash-serve plan` (reference\n"
+        "# Qwen3.8-Flash-Next config, AWQ weights estimate, vLLM 0.33.0 KV-cache planning) for\n"
+        "# the chart's defaults and each profile. Do not edit by hand. Key:\n"
+        "# <model>|<gpu>|tp<N>|<kvCacheDtype>|<method>|k<k>|b<blockSize>|len<maxModelLen>|"
+        "util<utilization>\n"
+    )
+    return header + yaml.safe_dump(capacity_table(), sort_keys=True, width=200)
+
+
+def plan_capacity_text(args: str) -> str:
+    """The KV-capacity section `dflash-serve plan ARGS` prints (closed form: the same figures
+    as vLLM's code, which a test holds it to)."""
+    from dflash_ops.cli import main as cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli(["plan", *shlex.split(args), "--engine", "closed-form"])
+    assert code == 0, out.getvalue()
+    text = out.getvalue()
+    start = text.index("KV cache per rank")
+    end = text.index("\n\nvLLM arguments:")
+    return text[start:end].replace(", closed-form engine", "") + "\n"
+
+
+def render_readme(text: str) -> str:
+    def quote(match: re.Match[str]) -> str:
+        body = plan_capacity_text(match.group(2))
+        return f"{match.group(1)}```text\n{body}```\n{match.group(4)}"
+
+    return README_MARKER.sub(quote, text)
+
+
 def main() -> None:
     BLOCK_SIZES.parent.mkdir(parents=True, exist_ok=True)
     BLOCK_SIZES.write_text(render_block_sizes())
     print(f"wrote {BLOCK_SIZES}", file=sys.stderr)
+    KV_CAPACITY.write_text(render_kv_capacity())
+    print(f"wrote {KV_CAPACITY}", file=sys.stderr)
+    README.write_text(render_readme(README.read_text()))
+    print(f"updated the plan quotes in {README}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import GPUS
+from dflash_ops.plan.kv_capacity import DEFAULT_PROFILE_RESERVE_GIB
 from dflash_ops.plan.model import MAX_K
 
 
@@ -51,14 +53,55 @@ def register(subparsers: Any) -> None:
         choices=["auto", "vllm", "closed-form"],
         help="auto: vLLM 0.33.0's code when importable, else the closed form",
     )
-    parser.add_argument("--gpu-memory-gib", type=float, help="override the GPU's memory")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    parser.add_argument(
+    capacity = parser.add_argument_group(
+        "KV capacity", "inputs of the KV-cache plan (all memory per rank, in GiB)"
+    )
+    capacity.add_argument(
+        "--gpu-memory-gib", type=float, help="GPU memory (default: the GPU product's)"
+    )
+    capacity.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    capacity.add_argument(
         "--weights-gib",
         type=float,
-        help="weights per rank in GiB (default: estimated from the config, AWQ 4-bit experts)",
+        help="target weights per rank (default: estimated from the config, AWQ 4-bit experts; "
+        "see --weights-from)",
     )
-    parser.add_argument("--draft-weights-gib", type=float, default=1.0)
+    capacity.add_argument(
+        "--weights-from",
+        metavar="DIR",
+        help="measure the target weights from a checkpoint directory's *.safetensors",
+    )
+    capacity.add_argument(
+        "--draft-weights-gib",
+        type=float,
+        help="draft weights per rank (default: estimated from the draft config or MTP module)",
+    )
+    capacity.add_argument(
+        "--draft-config",
+        metavar="PATH",
+        help="the DFlash draft's config.json or directory: its layer types and window "
+        "(default: an assumed layout of the public DFlash2 draft, printed with the plan)",
+    )
+    capacity.add_argument(
+        "--profile-reserve-gib",
+        type=float,
+        default=DEFAULT_PROFILE_RESERVE_GIB,
+        help="activation peak, CUDA graphs and allocator overhead vLLM's profile run takes "
+        f"(default {DEFAULT_PROFILE_RESERVE_GIB:g})",
+    )
+    capacity.add_argument(
+        "--max-model-len", type=int, help="default: the config's max_position_embeddings"
+    )
+    capacity.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="default: vLLM 0.33.0's server default for the GPU (A100 2048, H100/H200 8192)",
+    )
+    capacity.add_argument(
+        "--context-lengths",
+        default="8k,32k,64k",
+        help="request lengths to count concurrent requests at (default 8k,32k,64k)",
+    )
     parser.add_argument(
         "--format",
         default="table",
@@ -68,13 +111,50 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """`8k,32k,64k` or plain token counts; k means 1024."""
+    lengths = []
+    for part in text.split(","):
+        item = part.strip().lower()
+        try:
+            value = int(item[:-1]) * 1024 if item.endswith("k") else int(item)
+        except ValueError:
+            raise UserError(
+                f"--context-lengths {text!r}: expected token counts like 8k,32k,65536"
+            ) from None
+        if value < 1:
+            raise UserError(f"--context-lengths {text!r}: lengths must be positive")
+        lengths.append(value)
+    return tuple(lengths)
+
+
+def measure_weights_gib(directory: str, tp: int) -> float:
+    """The checkpoint's *.safetensors bytes split over the TP ranks (experts over EP ranks)."""
+    from pathlib import Path
+
+    root = Path(directory)
+    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    if not files:
+        raise UserError(
+            f"--weights-from {directory!r}: no *.safetensors files there; pass the checkpoint "
+            "directory, or give --weights-gib"
+        )
+    return sum(f.stat().st_size for f in files) / tp / 1024**3
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_ops.plan.checkpoint import load_checkpoint
+    from dflash_ops.plan.draft import load_draft_profile
     from dflash_ops.plan.output import render
     from dflash_ops.plan.planner import make_plan, parse_k
 
     ks = parse_k(args.k)
     ckpt = load_checkpoint(args.config)
+    if args.weights_gib is not None and args.weights_from:
+        raise UserError("give --weights-gib or --weights-from, not both")
+    weights = (
+        measure_weights_gib(args.weights_from, args.tp) if args.weights_from else args.weights_gib
+    )
     plan = make_plan(
         ckpt,
         gpu=args.gpu,
@@ -83,11 +163,16 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         method=args.method,
         draft_model=args.draft_model,
+        draft=load_draft_profile(args.draft_config) if args.draft_config else None,
         engine=args.engine,
         gpu_memory_gib=args.gpu_memory_gib,
         utilization=args.gpu_memory_utilization,
-        weights_gib=args.weights_gib,
+        weights_gib=weights,
         draft_weights_gib=args.draft_weights_gib,
+        profile_reserve_gib=args.profile_reserve_gib,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        context_lengths=parse_lengths(args.context_lengths),
     )
     sys.stdout.write(render(plan, args.format))
     return 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from dflash_ops.chart_files import engine_argv
 from dflash_ops.render_command import PROFILES_DIR, helm_template
 
 from tests.conftest import REPO_ROOT
@@ -26,22 +26,6 @@ VARIANTS = {
     "tp4": ["engine.tensorParallelSize=4"],
     "extra-args": ["model.extraArgs={--max-num-seqs=64}"],
 }
-
-
-def engine_argv(text: str) -> list[str]:
-    """The arguments after `vllm serve` of the one engine a render starts."""
-    for doc in yaml.safe_load_all(text):
-        if not doc:
-            continue
-        if doc["kind"] == "Deployment":
-            container = doc["spec"]["template"]["spec"]["containers"][0]
-            assert container["command"] == ["vllm", "serve"]
-            return list(container["args"])
-        if doc["kind"] == "RayCluster":
-            container = doc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-            assert container["args"][:2] == ["vllm", "serve"]
-            return list(container["args"][2:])
-    raise AssertionError("no engine in the render")
 
 
 def run_probe(tree: Path, cases: list[dict[str, Any]], tmp_path: Path) -> dict[str, str]:

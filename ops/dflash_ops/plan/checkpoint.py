@@ -48,6 +48,11 @@ class HybridCheckpoint(BaseModel):
     moe_intermediate_size: int
     shared_expert_intermediate_size: int
     vocab_size: int
+    # Optional fields (KV capacity): defaults are the Qwen4Exp config class's and vLLM's.
+    indexer_head_dim: int = 128
+    max_position_embeddings: int = 262144
+    mtp_num_hidden_layers: int = 1
+    uses_mrope: bool = False
 
     @property
     def num_attention_layers(self) -> int:
@@ -62,8 +67,11 @@ class HybridCheckpoint(BaseModel):
         return sum(1 for t in self.layer_types if t == "linear_attention")
 
 
+_OPTIONAL = ("indexer_head_dim", "max_position_embeddings", "mtp_num_hidden_layers")
 _REQUIRED = [
-    name for name in HybridCheckpoint.model_fields if name not in {"source", "architecture"}
+    name
+    for name in HybridCheckpoint.model_fields
+    if name not in {"source", "architecture", "uses_mrope", *_OPTIONAL}
 ]
 
 
@@ -71,27 +79,33 @@ def reference_config_path() -> Path:
     return Path(str(resources.files("dflash_ops.data") / REFERENCE_CONFIG_NAME))
 
 
-def resolve_config_path(path: str | Path | None) -> Path:
-    if path is None:
-        return reference_config_path()
+def read_config(path: str | Path, what: str) -> tuple[Path, dict[str, Any]]:
+    """A config.json (or the one in a checkpoint directory) as a JSON object; `what` names
+    the input in errors."""
     candidate = Path(path)
     if candidate.is_dir():
         candidate = candidate / "config.json"
     if not candidate.is_file():
         raise UserError(
-            f"checkpoint config {str(path)!r} not found: pass a config.json or a "
-            "checkpoint directory that contains one"
+            f"{what} {str(path)!r} not found: pass a config.json or a checkpoint directory "
+            "that contains one"
         )
-    return candidate
+    try:
+        raw = json.loads(candidate.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{what} {candidate} is not valid JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{what} {candidate}: expected a JSON object")
+    return candidate, raw
 
 
 def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
     """Read and validate a checkpoint config; the bundled reference when `path` is None."""
-    config_path = resolve_config_path(path)
-    try:
+    if path is None:
+        config_path = reference_config_path()
         raw: dict[str, Any] = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{config_path} is not valid JSON: {err}") from err
+    else:
+        config_path, raw = read_config(path, "checkpoint config")
     text: dict[str, Any] = raw.get("text_config", raw)
     model_type = text.get("model_type", raw.get("model_type"))
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -107,6 +121,10 @@ def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
         )
     architectures = raw.get("architectures") or ["Qwen4ExpForConditionalGeneration"]
     fields = {name: text[name] for name in _REQUIRED if name != "model_type"}
+    fields |= {name: text[name] for name in _OPTIONAL if text.get(name) is not None}
+    # vllm.transformers_utils.config.uses_mrope: an mrope_section in the rope parameters.
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    fields["uses_mrope"] = isinstance(rope, dict) and rope.get("mrope_section") is not None
     return HybridCheckpoint(
         source=str(config_path),
         model_type=str(model_type),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 
 from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.planner import DeploymentPlan
@@ -52,7 +53,7 @@ def render_table(plan: DeploymentPlan) -> str:
         "   a valid block size is >= B and divisible by both a and R",
         "",
     ]
-    header = ("k", "M bytes", "M from", "B auto", "R", "B starts?", "recommended", "KV tokens*")
+    header = ("k", "M bytes", "M from", "B auto", "R", "B starts?", "recommended")
     rows = [
         (
             str(p.k),
@@ -62,29 +63,81 @@ def render_table(plan: DeploymentPlan) -> str:
             str(p.ring_capacity),
             "yes" if p.automatic_is_valid else "NO",
             str(p.recommended_block_size),
-            f"{plan.kv_cache[p.k].kv_cache_tokens:,}",
         )
         for p in plan.plans
     ]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    out.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    estimate = plan.kv_cache[first.k]
-    out += [
-        "",
-        f"* KV tokens per rank: an estimate for {estimate.gpu_memory_gib:g} GiB at "
-        f"utilization {estimate.gpu_memory_utilization:g}, weights "
-        f"{estimate.weights_gib_per_rank:g} GiB + draft {estimate.draft_weights_gib_per_rank:g}"
-        f" GiB + reserve {estimate.runtime_reserve_gib:g} GiB per rank; see --format json "
-        "for what it leaves out.",
-        "",
-        "vLLM arguments:",
-    ]
+    out += _columns(header, rows)
+    out += ["", *render_capacity(plan), "", "vLLM arguments:"]
     for k, args in plan.vllm_args.items():
         label = f"  k={k}: " if len(plan.vllm_args) > 1 else "  "
         out.append(label + shlex.join(args))
     return "\n".join(out) + "\n"
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return lines
+
+
+def _length(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else f"{tokens:,}"
+
+
+def render_capacity(plan: DeploymentPlan) -> list[str]:
+    """The KV-cache plan per k, side by side: blocks, vLLM's logged figure, requests that fit."""
+    a = plan.capacity_assumptions
+    i = a.inputs
+    first = plan.capacity[plan.plans[0].k]
+    out = [
+        f"KV cache per rank (vLLM 0.33.0 KV-cache planning, {plan.engine} engine)",
+        f"  budget {first.kv_budget_gib_per_rank:g} GiB = {i.gpu_memory_gib:g} GiB x "
+        f"{i.gpu_memory_utilization:g} - weights {i.target_weights_gib:.2f} - draft "
+        f"{i.draft_weights_gib:.2f} - profile reserve {i.profile_reserve_gib:g}",
+        f"    weights: {a.target_weights_source}; draft: {a.draft_weights_source}",
+        f"  max_model_len {i.max_model_len:,}, max_num_batched_tokens "
+        f"{i.max_num_batched_tokens:,}, async scheduling {'on' if i.async_scheduling else 'off'}",
+    ]
+    if a.draft is not None:
+        window = f", window {a.draft.sliding_window}" if a.draft.sliding_window else ""
+        out.append(
+            f"  draft {a.draft.name}: {len(a.draft.layer_kinds)} KV layers "
+            f"({', '.join(sorted(set(a.draft.layer_kinds)))}{window}), "
+            f"{a.draft.num_key_value_heads} KV heads of {a.draft.head_dim}; {a.draft.source}"
+        )
+    lengths = list(i.context_lengths)
+    header = (
+        "k", "block", "blocks", "attn", "ring", "mamba", "draft", "per req",
+        "KV tokens*", "vs first", *(f"reqs@{_length(n)}" for n in lengths),
+    )  # fmt: skip
+    rows = []
+    for p in plan.plans:
+        c = plan.capacity[p.k]
+        b = c.blocks_per_request
+        counts = [b["attention"], b["ring"], b["mamba"], b["draft"], sum(b.values())]
+        ratio = c.kv_cache_tokens / first.kv_cache_tokens if first.kv_cache_tokens else 0.0
+        rows.append(
+            (
+                str(c.k),
+                str(c.block_size),
+                f"{c.num_blocks:,}",
+                *map(str, counts),
+                f"{c.kv_cache_tokens:,}",
+                f"{ratio:.3f}",
+                *(f"{c.requests_at[n]:,}" if n in c.requests_at else "-" for n in lengths),
+            )
+        )
+    out += _columns(header, rows)
+    out += [
+        f"  attn/ring/mamba/draft: blocks one {i.max_model_len:,}-token request holds in each "
+        "group (Mamba: 2 + k per group in align mode)",
+        '* what vLLM logs as "KV cache size: N tokens": blocks / blocks per request x '
+        "max_model_len. reqs@N: requests of N tokens that fit at once.",
+    ]
+    out += [f"  k={c.k}: {c.start_error}" for c in plan.capacity.values() if c.start_error]
+    return out
 
 
 def render(plan: DeploymentPlan, fmt: str) -> str:

@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dflash_ops.errors import UserError
-from dflash_ops.plan import closed_form, vllm_engine
+from dflash_ops.plan import closed_form, kv_capacity_closed_form, vllm_engine
 from dflash_ops.plan.checkpoint import HybridCheckpoint
+from dflash_ops.plan.draft import DraftProfile, default_dflash2_profile
 from dflash_ops.plan.gpus import gpu_profile
+from dflash_ops.plan.kv_capacity import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_PROFILE_RESERVE_GIB,
+    GIB,
+    SERVER_MAX_NUM_BATCHED_TOKENS,
+    CapacityInputs,
+    KvCapacity,
+)
 from dflash_ops.plan.model import MAX_K, BlockSizeInputs, BlockSizePlan, KvCacheDtype, SpecMethod
 
 EngineName = Literal["auto", "vllm", "closed-form"]
 Engine = Callable[[HybridCheckpoint, BlockSizeInputs], BlockSizePlan]
 
-GIB = 1024**3
-# Memory the estimate sets aside for activations, CUDA graphs and the allocator, per rank.
-RUNTIME_RESERVE_GIB = 4.0
+Capacity = Callable[..., KvCapacity]
 
 
 def parse_k(text: str) -> list[int]:
@@ -51,33 +58,28 @@ def validate_tp(ckpt: HybridCheckpoint, tp: int) -> None:
         )
 
 
-def select_engine(name: EngineName) -> tuple[str, Engine]:
+def select_engine(name: EngineName) -> tuple[str, Engine, Capacity]:
     if name == "closed-form":
-        return "closed-form", closed_form.plan_block_size
+        return "closed-form", closed_form.plan_block_size, kv_capacity_closed_form.kv_capacity
     if vllm_engine.vllm_available():
-        return "vllm", vllm_engine.plan_block_size
+        return "vllm", vllm_engine.plan_block_size, vllm_engine.kv_capacity
     if name == "vllm":
         raise UserError(
             f"--engine vllm needs vllm=={vllm_engine.REQUIRED_VLLM_VERSION} importable "
             "(run in .venv-vllm033, or use --engine closed-form)"
         )
-    return "closed-form", closed_form.plan_block_size
+    return "closed-form", closed_form.plan_block_size, kv_capacity_closed_form.kv_capacity
 
 
-class KvCacheEstimate(BaseModel):
-    """A rough, labelled estimate of the KV-cache capacity per rank."""
+class CapacityAssumptions(BaseModel):
+    """The inputs behind the capacity figures, printed with them."""
 
     model_config = ConfigDict(frozen=True)
 
-    gpu_memory_gib: float
-    gpu_memory_utilization: float
-    weights_gib_per_rank: float
-    draft_weights_gib_per_rank: float
-    runtime_reserve_gib: float
-    kv_budget_gib_per_rank: float
-    kv_cache_tokens: int = Field(description="attention tokens that fit in the budget")
-    mamba_state_bytes_per_request: int
-    note: str
+    inputs: CapacityInputs
+    target_weights_source: str
+    draft_weights_source: str
+    draft: DraftProfile | None
 
 
 class DeploymentPlan(BaseModel):
@@ -91,7 +93,8 @@ class DeploymentPlan(BaseModel):
     engine: str
     plans: list[BlockSizePlan]
     recommended_block_size: dict[int, int]
-    kv_cache: dict[int, KvCacheEstimate]
+    capacity_assumptions: CapacityAssumptions
+    capacity: dict[int, KvCapacity]
     vllm_args: dict[int, list[str]]
 
 
@@ -118,37 +121,17 @@ def estimate_weights_gib_per_rank(ckpt: HybridCheckpoint, tp: int, expert_bits: 
     return (dense_bytes + expert_bytes) / tp / GIB
 
 
-def estimate_kv_cache(
-    ckpt: HybridCheckpoint,
-    plan: BlockSizePlan,
-    *,
-    gpu_memory_gib: float,
-    utilization: float,
-    weights_gib: float,
-    draft_weights_gib: float,
-) -> KvCacheEstimate:
-    budget = gpu_memory_gib * utilization - weights_gib - draft_weights_gib - RUNTIME_RESERVE_GIB
-    budget = max(budget, 0.0)
-    per_token = ckpt.num_attention_layers * plan.attention_page_bytes_per_token
-    block_bytes = plan.recommended_block_size * plan.attention_page_bytes_per_token
-    mamba_layers = ckpt.num_linear_layers + len(ckpt.ple_layer_ids)
-    return KvCacheEstimate(
-        gpu_memory_gib=gpu_memory_gib,
-        gpu_memory_utilization=utilization,
-        weights_gib_per_rank=round(weights_gib, 2),
-        draft_weights_gib_per_rank=draft_weights_gib,
-        runtime_reserve_gib=RUNTIME_RESERVE_GIB,
-        kv_budget_gib_per_rank=round(budget, 2),
-        kv_cache_tokens=int(budget * GIB // per_token),
-        mamba_state_bytes_per_request=mamba_layers * block_bytes,
-        note=(
-            "estimate: leaves out the QSA indexer and compressed-key side caches, CUDA-graph "
-            "and activation peaks beyond the fixed reserve, and the hybrid allocator's group "
-            "padding; each running request also pins one padded Mamba page per GDN/PLE layer "
-            "(mamba_state_bytes_per_request), which grows with k through the block size. "
-            "The draft costs its weights here; a draft with its own KV layers costs more."
-        ),
-    )
+def estimate_mtp_weights_gib_per_rank(ckpt: HybridCheckpoint, tp: int, expert_bits: int) -> float:
+    """The MTP module: QSA decoder layer(s) with their MoE, and the projection that joins the
+    embedding and the hidden state (embeddings and lm_head are shared with the target)."""
+    h = ckpt.hidden_size
+    q_dim = ckpt.num_attention_heads * ckpt.head_dim
+    kv_dim = ckpt.num_key_value_heads * ckpt.head_dim
+    attention = h * (2 * q_dim + 2 * kv_dim) + q_dim * h
+    experts = ckpt.num_experts * 3 * h * ckpt.moe_intermediate_size
+    shared = 3 * h * ckpt.shared_expert_intermediate_size
+    per_layer = (attention + shared + 2 * h * h) * 2 + experts * expert_bits / 8
+    return ckpt.mtp_num_hidden_layers * per_layer / tp / GIB
 
 
 def vllm_args(plan: BlockSizePlan, method: SpecMethod, draft_model: str | None) -> list[str]:
@@ -175,6 +158,88 @@ def vllm_args(plan: BlockSizePlan, method: SpecMethod, draft_model: str | None) 
     return args
 
 
+# The CLI flag behind each capacity input, for error messages.
+CAPACITY_FLAGS = {
+    "gpu_memory_gib": "--gpu-memory-gib",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "target_weights_gib": "--weights-gib",
+    "draft_weights_gib": "--draft-weights-gib",
+    "profile_reserve_gib": "--profile-reserve-gib",
+    "max_model_len": "--max-model-len",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "context_lengths": "--context-lengths",
+}
+
+
+def capacity_inputs(
+    ckpt: HybridCheckpoint,
+    *,
+    gpu: str,
+    tp: int,
+    method: SpecMethod,
+    draft: DraftProfile | None,
+    gpu_memory_gib: float | None = None,
+    utilization: float = 0.90,
+    weights_gib: float | None = None,
+    expert_bits: int = 4,
+    draft_weights_gib: float | None = None,
+    mtp_expert_bits: int = 16,
+    profile_reserve_gib: float = DEFAULT_PROFILE_RESERVE_GIB,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    context_lengths: tuple[int, ...] = DEFAULT_CONTEXT_LENGTHS,
+) -> CapacityAssumptions:
+    """The capacity inputs with their defaults resolved, and where each figure came from."""
+    profile = gpu_profile(gpu)
+    if weights_gib is not None:
+        target, target_source = weights_gib, "given"
+    else:
+        target = estimate_weights_gib_per_rank(ckpt, tp, expert_bits)
+        target_source = f"estimated from the config, {expert_bits}-bit routed experts"
+    if method in ("off", "ngram"):
+        drafted, draft_source = 0.0, "none"
+    elif draft_weights_gib is not None:
+        drafted, draft_source = draft_weights_gib, "given"
+    elif method == "mtp":
+        drafted = estimate_mtp_weights_gib_per_rank(ckpt, tp, mtp_expert_bits)
+        draft_source = f"estimated MTP module, {mtp_expert_bits}-bit experts"
+    else:
+        assert draft is not None
+        drafted = draft.weights_gib_per_rank(tp)
+        draft_source = f"estimated from the layers of {draft.name}"
+    try:
+        inputs = CapacityInputs(
+            gpu_memory_gib=profile.memory_gib if gpu_memory_gib is None else gpu_memory_gib,
+            gpu_memory_utilization=utilization,
+            target_weights_gib=target,
+            draft_weights_gib=drafted,
+            profile_reserve_gib=profile_reserve_gib,
+            max_model_len=ckpt.max_position_embeddings if max_model_len is None else max_model_len,
+            max_num_batched_tokens=(
+                SERVER_MAX_NUM_BATCHED_TOKENS[profile.name]
+                if max_num_batched_tokens is None
+                else max_num_batched_tokens
+            ),
+            # VllmConfig: async scheduling unless the V1 runner cannot overlap the drafter.
+            async_scheduling=method != "ngram",
+            context_lengths=context_lengths,
+        )
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{CAPACITY_FLAGS.get(str(e['loc'][0]), e['loc'][0])} {e.get('input')!r}: "
+            f"{e['msg'].lower()}"
+            for e in err.errors()
+        )
+        raise UserError(problems) from None
+    inputs.check_budget()
+    return CapacityAssumptions(
+        inputs=inputs,
+        target_weights_source=target_source,
+        draft_weights_source=draft_source,
+        draft=draft if method == "dflash" else None,
+    )
+
+
 def make_plan(
     ckpt: HybridCheckpoint,
     *,
@@ -184,30 +249,24 @@ def make_plan(
     kv_cache_dtype: KvCacheDtype = "auto",
     method: SpecMethod = "dflash",
     draft_model: str | None = None,
+    draft: DraftProfile | None = None,
     engine: EngineName = "auto",
-    gpu_memory_gib: float | None = None,
-    utilization: float = 0.90,
-    weights_gib: float | None = None,
-    expert_bits: int = 4,
-    draft_weights_gib: float = 1.0,
+    **capacity: Any,
 ) -> DeploymentPlan:
+    """Block sizes for each k, then vLLM's KV-cache plan for each (`capacity` takes the
+    keyword arguments of `capacity_inputs`)."""
     profile = gpu_profile(gpu)
     validate_tp(ckpt, tp)
     if method == "off":
         ks = [0]
-    if not 0 < utilization <= 1:
-        raise UserError(f"--gpu-memory-utilization {utilization}: must be in (0, 1]")
-    engine_name, compute = select_engine(engine)
+    if method == "dflash" and draft is None:
+        draft = default_dflash2_profile()
+    engine_name, compute, capacity_of = select_engine(engine)
+    assumptions = capacity_inputs(ckpt, gpu=gpu, tp=tp, method=method, draft=draft, **capacity)
     plans = [
         compute(ckpt, BlockSizeInputs(gpu=profile.name, tp=tp, kv_cache_dtype=kv_cache_dtype, k=k))
         for k in ks
     ]
-    weights = (
-        weights_gib
-        if weights_gib is not None
-        else estimate_weights_gib_per_rank(ckpt, tp, expert_bits)
-    )
-    draft = 0.0 if method in ("off", "ngram") else draft_weights_gib
     return DeploymentPlan(
         checkpoint=ckpt.source,
         gpu=profile.name,
@@ -217,14 +276,10 @@ def make_plan(
         engine=engine_name,
         plans=plans,
         recommended_block_size={p.k: p.recommended_block_size for p in plans},
-        kv_cache={
-            p.k: estimate_kv_cache(
-                ckpt,
-                p,
-                gpu_memory_gib=gpu_memory_gib or profile.memory_gib,
-                utilization=utilization,
-                weights_gib=weights,
-                draft_weights_gib=draft,
+        capacity_assumptions=assumptions,
+        capacity={
+            p.k: capacity_of(
+                ckpt, p, method=method, draft=assumptions.draft, inputs=assumptions.inputs
             )
             for p in plans
         },

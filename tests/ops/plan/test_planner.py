@@ -38,7 +38,10 @@ def test_json_names_recommended_block_size_per_k(capsys: pytest.CaptureFixture[s
     assert [p["ring_capacity"] for p in data["plans"]] == [8, 12, 12, 12, 12]
     assert "--block-size" in data["vllm_args"]["7"]
     assert data["vllm_args"]["7"][data["vllm_args"]["7"].index("--block-size") + 1] == "1680"
-    assert "estimate" in data["kv_cache"]["7"]["note"]
+    capacity = data["capacity"]["7"]
+    assert capacity["block_size"] == 1680 and capacity["blocks_per_request"]["mamba"] == 4 * 9
+    assert set(capacity["requests_at"]) == {"8192", "32768", "65536"}
+    assert data["capacity_assumptions"]["draft"]["sliding_window"] == 2048
 
 
 def test_table_shows_terms_and_args(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,7 +73,18 @@ def test_method_off_plans_k0(capsys: pytest.CaptureFixture[str]) -> None:
         (["--tp", "3"], "--tp 3 does not divide linear_num_key_heads=16"),
         (["--k", "20"], "--k '20'"),
         (["--config", "/nonexistent"], "not found"),
-        (["--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: input should be"),
+        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0.0: input should be"),
+        (["--max-model-len", "0"], "--max-model-len 0: input should be greater than"),
+        (["--max-num-batched-tokens", "-5"], "--max-num-batched-tokens -5"),
+        (["--profile-reserve-gib", "-1"], "--profile-reserve-gib -1.0"),
+        (["--draft-weights-gib", "-1"], "--draft-weights-gib -1.0"),
+        (["--context-lengths", "8k,x"], "--context-lengths '8k,x': expected token counts"),
+        (["--context-lengths", "0"], "--context-lengths '0': lengths must be positive"),
+        (["--weights-gib", "90"], "no memory is left for the KV cache"),
+        (["--weights-from", "/nonexistent"], "--weights-from '/nonexistent': no *.safetensors"),
+        (["--draft-config", "/nonexistent"], "--draft-config '/nonexistent' not found"),
+        (["--weights-gib", "1", "--weights-from", "/x"], "not both"),
     ],
 )
 def test_bad_input_is_one_clear_line(
@@ -106,8 +120,11 @@ def test_explicit_vllm_engine_without_vllm_033_fails_clearly() -> None:
         make_plan(load_checkpoint(), gpu="a100", tp=2, ks=[7], engine="vllm")
 
 
-def test_draft_weights_reduce_the_kv_estimate() -> None:
+def test_draft_weights_reduce_the_kv_capacity() -> None:
     ckpt = load_checkpoint()
-    dflash = make_plan(ckpt, gpu="a100", tp=2, ks=[7], method="dflash", draft_weights_gib=2.0)
-    ngram = make_plan(ckpt, gpu="a100", tp=2, ks=[7], method="ngram")
-    assert dflash.kv_cache[7].kv_cache_tokens < ngram.kv_cache[7].kv_cache_tokens
+    light = make_plan(ckpt, gpu="a100", tp=2, ks=[7], draft_weights_gib=0.5)
+    heavy = make_plan(ckpt, gpu="a100", tp=2, ks=[7], draft_weights_gib=2.0)
+    assert heavy.capacity[7].num_blocks < light.capacity[7].num_blocks
+    assert heavy.capacity[7].kv_budget_gib_per_rank == pytest.approx(
+        light.capacity[7].kv_budget_gib_per_rank - 1.5, abs=0.01
+    )
