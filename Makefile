@@ -10,6 +10,7 @@ export PATH := $(CURDIR)/.cache/bin:$(PATH)
 
 # Image names: `make images REGISTRY=... TAG=...`; the chart's defaults use the same names.
 REGISTRY  ?= ghcr.io/dflash-serve
+SIDECAR_EXTRAS ?=
 TAG       ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 VLLM_VERSION  := 0.33.0
 ENGINE_IMAGE  := $(REGISTRY)/vllm-dflash:$(VLLM_VERSION)-dflash-$(TAG)
@@ -17,7 +18,7 @@ SIDECAR_IMAGE := $(REGISTRY)/sidecar:$(TAG)
 CPU_IMAGE     := $(REGISTRY)/dflash-serve-cpu:$(TAG)
 SERIES_SHA256  = $(shell python3 -c 'import hashlib, json; m = json.load(open("patches/manifest.json")); print(hashlib.sha256("".join(p["sha256"] for p in m["patches"]).encode()).hexdigest())')
 
-.PHONY: help setup lint typecheck test demo demo-down clean images
+.PHONY: help setup lint typecheck test demo demo-down clean images images-local
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -33,8 +34,8 @@ typecheck: setup ## mypy (strict) on service/ and ops/
 	@echo "==> mypy"
 	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"
 
-test: lint typecheck ## lint, type checks, then the whole test suite in both environments
-	@echo "==> pytest (.venv: project, vLLM CPU engine, helm, prometheus)"
+test: lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
+	@echo "==> pytest (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
 	@t=$$SECONDS; $(PY) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 1 took $$((SECONDS - t)) s"
 	@echo "==> pytest (.venv-vllm033: tests against the exact vllm==0.33.0 sources)"
 	@t=$$SECONDS; $(PY033) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 2 took $$((SECONDS - t)) s"
@@ -48,10 +49,13 @@ demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, 
 demo-down: ## stop the local stack
 	@$(VENV)/bin/dflash-serve local down
 
-images: ## build the engine, sidecar and CPU images (needs a Docker engine; REGISTRY=, TAG=)
+images: ## build the engine, sidecar and CPU images (needs a Docker engine; REGISTRY=, TAG=, SIDECAR_EXTRAS=)
 	docker build -f docker/vllm.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg PATCH_SERIES_SHA256=$(SERIES_SHA256) -t $(ENGINE_IMAGE) .
-	docker build -f docker/sidecar.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(SIDECAR_IMAGE) .
+	docker build -f docker/sidecar.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg EXTRAS=$(SIDECAR_EXTRAS) -t $(SIDECAR_IMAGE) .
 	docker build -f docker/cpu.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(CPU_IMAGE) .
+
+images-local: setup ## podman, no registry: stand-in bases (cached), then the sidecar and engine images
+	@t=$$SECONDS; bash ops/setup/images-local.sh all || exit 1; echo "==> images took $$((SECONDS - t)) s"
 
 clean: ## remove virtualenvs and caches
 	rm -rf $(VENV) $(VENV033) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,11 @@
 # patch series. The build fails unless the series applies to exactly 0.33.0 and self-checks.
 #
 #   docker build -f docker/vllm.Dockerfile -t ghcr.io/dflash-serve/vllm-dflash:0.33.0-dflash-0.1.0 .
+#
+# Nothing is downloaded: the project's pure-Python packages are put on the interpreter's path
+# (a .pth file) instead of being pip-installed, which would fetch a build backend. The CLI's
+# patch and plan commands import only what the vLLM image already has (pydantic, pyyaml).
+# Build with the Docker image format (podman: --format docker).
 ARG VLLM_BASE_IMAGE=docker.io/vllm/vllm-openai:v0.33.0
 FROM ${VLLM_BASE_IMAGE}
 
@@ -17,18 +22,13 @@ LABEL org.opencontainers.image.title="vllm-dflash" \
       io.dflash-serve.vllm.version="0.33.0" \
       io.dflash-serve.patch-series.sha256="${PATCH_SERIES_SHA256}"
 
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/dflash-serve
-COPY pyproject.toml README.md ./
 COPY ops/ ops/
 COPY service/ service/
 COPY patches/ patches/
 COPY docker/patch-vllm.sh docker/selfcheck.py docker/
 
-# The project without its dependencies: the engine image already has what the CLI's patch and
-# plan commands import (pydantic, httpx, jinja2, pyyaml); no weights, no extra downloads.
-RUN python3 -m pip install --no-cache-dir --no-deps /opt/dflash-serve \
-    && DFLASH_SERIES_DIR=/opt/dflash-serve/patches docker/patch-vllm.sh
+RUN docker/patch-vllm.sh --install-project /opt/dflash-serve
 
 ENV HOME=/tmp
 EXPOSE 8000

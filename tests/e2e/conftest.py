@@ -40,7 +40,8 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_stack(
     tmp_path_factory: pytest.TempPathFactory, models_dir: Path
 ) -> Iterator[stack.StackState]:
-    state_dir = tmp_path_factory.mktemp("stack")
+    # A name vLLM would read as a DFlash draft if the stack passed the draft's absolute path.
+    state_dir = tmp_path_factory.mktemp("dflash-serve-stack")
     (state_dir / "models").symlink_to(models_dir)
     state = stack.up(stack_config(state_dir))
     yield state

@@ -76,3 +76,38 @@ def test_a_corrupt_state_file_is_reported_not_a_traceback(tmp_path: Path) -> Non
     for action in (stack.status, stack.down, lambda d: stack.up(config(d))):
         with pytest.raises(UserError, match="is not a local-stack state file"):
             action(tmp_path)
+
+
+def test_the_draft_path_never_names_another_speculative_method(tmp_path: Path) -> None:
+    """vLLM rewrites method draft_model to dflash when the draft's path contains "dflash" (a
+    checkout named dflash-serve): the engine gets the draft relative to the models directory.
+    tests/e2e runs the real engine from a state directory named that way."""
+    import json
+
+    config = stack.StackConfig(state_dir=tmp_path / "dflash-serve" / "eagle3-dspark")
+    argv = stack.engine_argv(config)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "draft_model"
+    assert not any(word in spec["model"].lower() for word in ("eagle", "dflash", "dspark"))
+    assert (config.models_dir / spec["model"]).resolve() == config.draft_dir.resolve()
+
+
+def test_too_little_shared_memory_names_the_container_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(
+        shutil_module, "disk_usage", lambda path: usage(64 << 20, 2 << 20, 62 << 20)
+    )
+    ports = []
+    for _ in range(3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    cfg = config(tmp_path, engine_port=ports[0], sidecar_port=ports[1], prometheus_port=ports[2])
+    with pytest.raises(UserError, match=r"/dev/shm has 62 MiB free.*--shm-size=1g"):
+        stack.up(cfg)
+    assert not (cfg.state_dir / "engine.log").exists()  # refused before anything started

@@ -166,7 +166,10 @@ def engine_argv(config: StackConfig) -> list[str]:
     if config.method == "draft_model":
         spec = {
             "method": "draft_model",
-            "model": str(config.draft_dir.resolve()),
+            # Relative to the engine's working directory (the models directory): vLLM rewrites
+            # the method to dflash/eagle/dspark when the draft's path contains that word, as a
+            # checkout named dflash-serve does.
+            "model": f"./{config.draft_dir.name}",
             "num_speculative_tokens": config.num_speculative_tokens,
         }
         argv += ["--speculative-config", json.dumps(spec)]
@@ -185,6 +188,10 @@ def _spawn(
     name: str, argv: list[str], url: str, config: StackConfig, env: dict[str, str] | None = None
 ) -> ProcessRecord:
     log_path = config.state_dir / f"{name}.log"
+    cwd = None
+    if name == "engine":  # engine_argv names the draft relative to the models directory
+        cwd = config.models_dir
+        cwd.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             argv,
@@ -192,6 +199,7 @@ def _spawn(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            cwd=cwd,
             env=os.environ | (env or {}),
         )
     record = ProcessRecord(name=name, pid=process.pid, url=url, log=str(log_path), argv=argv)
@@ -251,6 +259,24 @@ def _check_port_free(host: str, port: int, what: str, flag: str) -> None:
             raise UserError(
                 f"port {port} ({what}) is in use by another process: stop it or pass {flag}"
             ) from None
+
+
+# The vLLM CPU engine's shared-memory broadcast ring between its API server and engine core
+# (vllm/distributed/device_communicators/shm_broadcast.py) allocates this much in /dev/shm.
+ENGINE_SHM_BYTES = 160 * 1024**2
+
+
+def _check_shared_memory(shm: Path = Path("/dev/shm")) -> None:
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:
+        return  # no /dev/shm to measure: let the engine say what it needs
+    if free < ENGINE_SHM_BYTES:
+        raise UserError(
+            f"{shm} has {free // 1024**2} MiB free; the vLLM CPU engine needs "
+            f"{ENGINE_SHM_BYTES // 1024**2} MiB of shared memory: in a container, run it with "
+            "--shm-size=1g (or --ipc=host)"
+        )
 
 
 def _engine_ready(record: ProcessRecord) -> bool:
@@ -357,6 +383,8 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
     for name, _, _, port, flag, _ in components:
         if name not in kept:  # before anything starts: a stranger on a port is not our engine
             _check_port_free(config.host, port, name, flag)
+    if "engine" not in kept:
+        _check_shared_memory()
     ensure_models(config)
     try:
         for name, argv, url, _, _, env in components:
