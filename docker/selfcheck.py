@@ -68,8 +68,17 @@ def main() -> None:
     if "get_block_size_alignment_from_config" not in align:
         fail("Platform._align_hybrid_block_size ignores the model's block-size alignment")
 
+    # Patch 4: sliding-window groups (the DFlash2 draft's) take fine-grained prefix hits.
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    if not SlidingWindowManager.supports_fine_grained_hash_lookup:
+        fail("SlidingWindowManager still requires block-aligned prefix-cache lookups")
+
     if importlib.util.find_spec("dflash_patches") is not None:
-        print("self check passed: aux capture (nvidia, amd), dflash config gate, QSA block size")
+        print(
+            "self check passed: aux capture (nvidia, amd), dflash config gate, QSA block size, "
+            "sliding-window prefix hits"
+        )
     else:
         print("self check passed")
 

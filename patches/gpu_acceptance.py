@@ -99,6 +99,9 @@ class Engine:
             "--enable-expert-parallel",
             "--mamba-cache-mode",
             "align",
+            # As the chart: prefix-cache hits on 16-token boundaries (patch 0004 with a draft).
+            "--prefix-match-unit",
+            "16",
             "--reasoning-parser",
             "qwen3",
             "--enable-auto-tool-choice",
@@ -362,10 +365,19 @@ def main() -> int:
             )
             hit = (shared["levels"][0]["prefix_cache"] or {}).get("hit_rate")
             report.add(
-                "prefix-cache hit rate, shared 1,000-token prompt, draft loaded",
+                "prefix-cache hit rate, shared 1,000-token prompt (below one block), draft loaded",
                 f"{hit:.2f}" if hit is not None else "not exported",
                 f">= {args.min_prefix_hit_rate}",
                 hit is not None and hit >= args.min_prefix_hit_rate,
+            )
+            disabled = "Disabling fine-grained prefix-cache hits" in engine.log_path.read_text(
+                errors="replace"
+            )
+            report.add(
+                "fine-grained prefix hits with the sliding-window draft group (patch 0004)",
+                "disabled by vLLM" if disabled else "kept",
+                "no 'Disabling fine-grained prefix-cache hits' in the log",
+                not disabled,
             )
             itl = (c1.get("itl_ms") or {}).get("p50")
             cost = capture_cost_ms(2560, 4, tokens=8, layers=5)

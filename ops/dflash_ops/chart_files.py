@@ -60,6 +60,8 @@ def block_size_table() -> dict[str, object]:
                 per_dtype[kv] = per_k
             per_tp[f"tp{tp}"] = per_dtype
         table[gpu] = per_tp
+    # --prefix-match-unit must land on whole compressed-key states.
+    table["qsaCompressRatio"] = ckpt.indexer_compress_ratio
     return table
 
 
@@ -69,6 +71,7 @@ def render_block_sizes() -> str:
         "# Qwen3.8-Flash-Next config, vLLM 0.33.0 rule). Do not edit by hand.\n"
         '# <gpu>.tp<N>.<kvCacheDtype>."<k>": recommended (smallest valid) block size, and step:\n'
         "# valid sizes are multiples of step = lcm(kernel alignment, QSA ring) >= recommended.\n"
+        "# qsaCompressRatio: --prefix-match-unit must be a multiple of it.\n"
     )
     return header + yaml.safe_dump(block_size_table(), sort_keys=True, width=100)
 

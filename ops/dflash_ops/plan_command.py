@@ -48,6 +48,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--draft-model", help="draft model for the printed vLLM arguments")
     parser.add_argument(
+        "--prefix-match-unit",
+        type=int,
+        default=16,
+        help="prefix-cache hit granularity in tokens (vLLM's --prefix-match-unit; default 16); "
+        "0 for whole-block hits",
+    )
+    parser.add_argument(
         "--engine",
         default="auto",
         choices=["auto", "vllm", "closed-form"],
@@ -165,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         draft=load_draft_profile(args.draft_config) if args.draft_config else None,
         engine=args.engine,
+        prefix_match_unit=args.prefix_match_unit,
         gpu_memory_gib=args.gpu_memory_gib,
         utilization=args.gpu_memory_utilization,
         weights_gib=weights,

@@ -77,9 +77,44 @@ def test_explicit_valid_block_size_is_kept() -> None:
         (["gpu.type=v100"], "/gpu/type': value must be one of"),
         (["speculative.numSpeculativeTokens=16"], "/speculative/numSpeculativeTokens"),
         (["engin.blockSize=auto"], "additional properties 'engin' not allowed"),
+        (
+            ["engine.prefixMatchUnit=6"],
+            "engine.prefixMatchUnit 6 is not valid with block size 1680: it must divide the "
+            "block size and be a multiple of the QSA compress ratio 4",
+        ),
+        (["engine.prefixMatchUnit=0"], "/engine/prefixMatchUnit"),
     ],
 )
 def test_invalid_values_fail_with_readable_messages(sets: list[str], message: str) -> None:
     with pytest.raises(UserError) as err:
         render(*sets)
     assert message in str(err.value)
+
+
+def test_prefix_match_unit_is_rendered_or_left_to_vllm() -> None:
+    args = container(render(), "vllm")["args"]
+    assert arg_after(args, "--prefix-match-unit") == "16"
+    assert (
+        "--prefix-match-unit"
+        not in container(render("engine.prefixMatchUnit=null"), "vllm")["args"]
+    )
+
+
+@pytest.mark.parametrize("unit", [4, 12, 16, 20, 24, 48, 60, 80, 112])
+def test_chart_accepts_a_prefix_match_unit_exactly_when_the_planner_does(unit: int) -> None:
+    from dflash_ops.plan.planner import make_plan
+
+    for k in (3, 5, 7, 8, 15):
+        try:
+            make_plan(CKPT, gpu="a100", tp=2, ks=[k], prefix_match_unit=unit)
+            planner_ok = True
+        except UserError:
+            planner_ok = False
+        sets = [f"engine.prefixMatchUnit={unit}", f"speculative.numSpeculativeTokens={k}"]
+        try:
+            rendered = arg_after(container(render(*sets), "vllm")["args"], "--prefix-match-unit")
+            chart_ok = rendered == str(unit)
+        except UserError as err:
+            assert "engine.prefixMatchUnit" in str(err)
+            chart_ok = False
+        assert chart_ok == planner_ok, (unit, k)

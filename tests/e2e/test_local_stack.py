@@ -115,6 +115,26 @@ def test_bench_reports_acceptance_consistent_with_the_raw_counters(
     assert result["kv_cache_tokens"] > 0
 
 
+def test_shared_prefix_bench_reports_prefix_cache_hits_and_ttft(
+    local_stack: stack.StackState, tmp_path: Path
+) -> None:
+    """One long system prompt for every request: the engine's own prefix-cache counters show
+    the reuse, and TTFT is reported beside it (the tiny CPU model has one KV group, so hits land
+    on its blocks; the GPU gain below one block is gpu_acceptance.py's shared-prefix check)."""
+    result = bench(
+        url_of(local_stack, "engine"), tmp_path, "--prompts", "shared-prefix",
+        "--input-len", "600",
+    )  # fmt: skip
+    for level in result["levels"]:
+        cache = level["prefix_cache"]
+        assert cache is not None and cache["queried_tokens"] > 0
+        assert cache["hit_rate"] == pytest.approx(cache["hit_tokens"] / cache["queried_tokens"])
+        # Every request after the first reuses most of the shared prompt.
+        assert cache["hit_rate"] > 0.5, cache
+        assert level["ttft_ms"]["count"] == 20 and level["ttft_ms"]["p50"] > 0
+    assert "prefix" in (tmp_path / "results.md").read_text().lower()
+
+
 def test_sidecar_acceptance_equals_the_raw_counters(local_stack: stack.StackState) -> None:
     engine_url = url_of(local_stack, "engine")
 

@@ -34,9 +34,10 @@ def test_manifest_is_current(manifest: series.Manifest, target_tree: Path) -> No
 
 
 def test_every_patch_has_one_concern_and_a_description(manifest: series.Manifest) -> None:
-    assert len(manifest.patches) == 3
-    capture, gate, block_size = manifest.patches
+    assert len(manifest.patches) == 4
+    capture, gate, block_size, prefix_hits = manifest.patches
     assert set(gate.targets) == {"vllm/model_executor/models/config.py"}
+    assert "vllm/v1/core/single_type_kv_cache_manager.py" in prefix_hits.targets
     assert "vllm/platforms/interface.py" in block_size.targets
     # The block-size hook lives on the model classes, after the capture patch: a chain.
     shared = set(capture.targets) & set(block_size.targets)
@@ -45,7 +46,7 @@ def test_every_patch_has_one_concern_and_a_description(manifest: series.Manifest
         assert block_size.targets[target].before == capture.targets[target].after
     for entry in manifest.patches:
         text = (series.SERIES_DIR / entry.file).read_text()
-        assert text.startswith("Subject: [PATCH")
+        assert text.startswith(f"Subject: [PATCH {manifest.patches.index(entry) + 1}/4]")
         assert len(text.split("\n---\n", 1)[0].splitlines()) > 3  # a why, not just a title
 
 
@@ -90,7 +91,7 @@ def test_a_partly_applied_series_is_completed_and_reverted_in_order(
         path = target_tree / file_patch.path
         path.write_text(file_patch.apply(path.read_text()))
     states = [s.state for s in series.status(target_tree, manifest)]
-    assert states == [PatchState.APPLIED, PatchState.PENDING, PatchState.PENDING]
+    assert states == [PatchState.APPLIED] + [PatchState.PENDING] * (len(manifest.patches) - 1)
     assert series.apply(target_tree)[0].endswith("already applied")
     assert {s.state for s in series.status(target_tree, manifest)} == {PatchState.APPLIED}
     series.revert(target_tree)

@@ -2,6 +2,7 @@
 
     PYTHONPATH=<tree>:<repo> python -m tests.patches.vllm_probe config-gate DRAFT_DIR
     PYTHONPATH=<tree>:<repo> python -m tests.patches.vllm_probe block-sizes --tp 2
+    PYTHONPATH=<tree>:<repo> python -m tests.patches.vllm_probe prefix-hits --draft sliding
 
 Each prints one JSON document on its last line. A subprocess per probe keeps the patched and
 the installed vLLM out of each other's module cache.
@@ -127,6 +128,207 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
     return {"rows": rows}
 
 
+def prefix_hits(
+    draft: str, unit: int | None, lengths: list[int], evict: str | None, eagle: bool = False
+) -> dict[str, Any]:
+    """vLLM's own KVCacheManager over the KV-cache groups of Qwen3.8-Flash-Next on A100 TP2,
+    k=7, block 1680 (vllm_engine.kv_cache_groups: vLLM's grouping of every layer's spec), with
+    the DFlash2 draft's sliding-window layers, full-attention draft layers, or no draft layers
+    (n-gram: the target alone). For each length N, a first request whose prompt is an N-token
+    prefix runs and finishes; a second one shares the prefix and continues. Reports the second
+    request's prefix-cache hit and the copy-on-write copies its allocation queued per group.
+    `evict` drops the first request's draft block that holds the window (`window`) or one below
+    it (`below-window`) from the cache before the second lookup. `eagle` runs the managers as
+    for an EAGLE-style draft, which drops the last matched hash unit."""
+    import random
+    import types
+
+    from dflash_ops.plan import closed_form, vllm_engine
+    from dflash_ops.plan.checkpoint import load_checkpoint
+    from dflash_ops.plan.draft import DEFAULT_DFLASH2_CONFIG, draft_profile_from_config
+    from dflash_ops.plan.model import BlockSizeInputs
+    from dflash_ops.plan.planner import capacity_inputs
+    from vllm.config.vllm import set_current_vllm_config
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+    from vllm.v1.core.kv_cache_utils import (
+        BlockHashListWithBlockSize,
+        generate_scheduler_kv_cache_config,
+        get_request_block_hasher,
+        init_none_hash,
+        resolve_kv_cache_block_sizes,
+    )
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+    ckpt = load_checkpoint()
+    plan = closed_form.plan_block_size(ckpt, BlockSizeInputs(gpu="a100", tp=2, k=7))
+    profile = None
+    if draft != "none":
+        config = dict(DEFAULT_DFLASH2_CONFIG)
+        if draft == "full":
+            config["layer_types"] = None
+        profile = draft_profile_from_config(config, "probe")
+    method = "dflash" if profile else "ngram"
+    inputs = capacity_inputs(
+        ckpt, gpu="a100", tp=2, method=method, draft=profile, max_model_len=16384
+    ).inputs
+    vllm_config, specs, groups = vllm_engine.kv_cache_groups(
+        ckpt, plan, method=method, draft=profile, inputs=inputs
+    )
+    cache_config = vllm_config.cache_config
+    cache_config.enable_prefix_caching = True
+    cache_config.prefix_match_unit = unit
+    with set_current_vllm_config(vllm_config):
+        (config,) = get_kv_cache_configs(vllm_config, [specs], [inputs.budget_bytes], groups)
+        config = generate_scheduler_kv_cache_config([config])
+        scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(config, vllm_config)
+    hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(hash_block_size, hash_fn)
+    group_kind = [
+        "draft"
+        if g.layer_names[0].startswith("draft.")
+        else "attention"
+        if g.layer_names[0].endswith("self_attn.attn")
+        else "mamba"
+        if g.layer_names[0].endswith(("linear_attn", ".ple"))
+        else "other"
+        for g in config.kv_cache_groups
+    ]
+    draft_group = group_kind.index("draft") if "draft" in group_kind else None
+
+    def run(
+        manager: Any, scheduler: Any, request_id: str, tokens: list[int]
+    ) -> tuple[Request, int]:
+        """Prefill one request chunk by chunk as the scheduler splits it; return its hit."""
+        request = Request(
+            request_id, tokens, SamplingParams(max_tokens=1), None, block_hasher=hasher
+        )
+        blocks, hit, _ = manager.get_computed_blocks(request)
+        new_computed = hit
+        while request.num_computed_tokens < request.num_tokens:
+            manager.new_step_starts()
+            remaining = request.num_tokens - request.num_computed_tokens - new_computed
+            chunk = Scheduler._mamba_block_aligned_split(
+                scheduler, request, min(remaining, scheduler.max_num_scheduled_tokens),
+                new_computed,
+            )  # fmt: skip
+            allocated = manager.allocate_slots(
+                request, chunk, new_computed, blocks if new_computed else None
+            )
+            assert allocated is not None, "no room in the block pool"
+            request.num_computed_tokens += new_computed + chunk
+            new_computed = 0
+        return request, hit
+
+    rng = random.Random(0)
+    rows = []
+    for n in lengths:
+        manager = KVCacheManager(
+            config,
+            max_model_len=inputs.max_model_len,
+            scheduler_block_size=scheduler_block_size,
+            hash_block_size=hash_block_size,
+            max_in_flight_tokens=vllm_config.max_in_flight_tokens,
+            enable_caching=True,
+            use_eagle=eagle,
+            num_prefill_lookahead=vllm_config.num_prefill_lookahead_tokens,
+        )
+        prefix = [rng.randrange(1000, 200000) for _ in range(n)]
+
+        # The scheduler's own prefill split (Mamba align mode: chunks end where Mamba state
+        # is cached, the prompt's hash-aligned tail included), bound to the scheduler state
+        # it reads, as Scheduler.__init__ sets it.
+        scheduler = types.SimpleNamespace(
+            cache_config=cache_config,
+            scheduler_config=vllm_config.scheduler_config,
+            hash_block_size=hash_block_size,
+            block_size=scheduler_block_size,
+            max_num_scheduled_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            use_eagle_block_drop=eagle,
+            num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
+            mamba_partial_cache_hit=(
+                hash_block_size < scheduler_block_size
+                and manager.coordinator.enable_partial_hash_hits
+            ),
+            mamba_has_prefill_checkpoint_blocks=False,  # A100: GDN exports no checkpoints
+            mamba_prefill_checkpoint_alignment=None,
+            mamba_shared_prefix_checkpoint=False,
+        )
+
+        first, _ = run(manager, scheduler, "first", prefix)
+        manager.free(first)
+        block_size = plan.recommended_block_size
+        if evict is not None:
+            assert draft_group is not None
+            # The draft's window for a hit at the prompt tail starts in the block before the
+            # tail's; the blocks below it are not needed.
+            window_block = (n - 1) // block_size - 1
+            index = window_block if evict == "window" else window_block - 1
+            key = BlockHashListWithBlockSize(first.block_hashes, hash_block_size, block_size)
+            (block,) = manager.block_pool.get_cached_block(key[index], [draft_group])
+            assert manager.block_pool._maybe_evict_cached_block(block)
+        row: dict[str, Any] = {"prefix": n}
+        if draft_group is not None:
+            # The draft group's own finder, before the other groups bound the hit.
+            probe = Request(
+                "probe", prefix + [7] * 40, SamplingParams(max_tokens=1), None, block_hasher=hasher
+            )
+            draft_manager = manager.coordinator.single_type_managers[draft_group]
+            _, row["draft_group_hit"] = type(draft_manager).find_longest_cache_hit(
+                block_hashes=probe.block_hashes,
+                max_length=probe.num_tokens - 1,
+                kv_cache_group_ids=[draft_group],
+                block_pool=manager.block_pool,
+                kv_cache_spec=draft_manager.kv_cache_spec,
+                drop_eagle_block=eagle,
+                alignment_tokens=draft_manager.cache_hit_alignment_tokens,
+            )
+        _, row["hit"] = run(manager, scheduler, "second", prefix + [7] * 40)
+        row["cow_copies"] = {
+            kind: len(m.take_pending_cow_copies())
+            for kind, m in zip(group_kind, manager.coordinator.single_type_managers, strict=True)
+            if kind != "other"
+        }
+        rows.append(row)
+    return {
+        "hash_block_size": hash_block_size,
+        "scheduler_block_size": scheduler_block_size,
+        "partial_hits": manager.coordinator.enable_partial_hash_hits,
+        "groups": group_kind,
+        "rows": rows,
+    }
+
+
+PREFIX_HIT_SCENARIOS: dict[str, dict[str, Any]] = {
+    "target": {"draft": "none"},
+    "target-eagle": {"draft": "none", "eagle": True},
+    "sliding": {"draft": "sliding"},
+    "sliding-eagle": {"draft": "sliding", "eagle": True},
+    "sliding-block-aligned": {"draft": "sliding", "unit": None},
+    "sliding-evict-window": {"draft": "sliding", "evict": "window", "lengths": [4000]},
+    "sliding-evict-below-window": {
+        "draft": "sliding",
+        "evict": "below-window",
+        "lengths": [4000],
+    },
+    "full": {"draft": "full"},
+}
+
+
+def prefix_hit_scenarios(names: list[str]) -> dict[str, Any]:
+    """Several prefix-hits runs in one process (one vLLM import)."""
+    results = {}
+    for name in names:
+        options = {"unit": 16, "lengths": [1000, 2000, 4000], "evict": None, "eagle": False}
+        options |= PREFIX_HIT_SCENARIOS[name]
+        results[name] = prefix_hits(**options)
+    return results
+
+
 def _lift_block_size_hook() -> Any:
     """The model class's block-size hook from this tree's nvidia model source (the file needs
     GPU kernels to import): `Qwen4ExpForCausalLM.get_block_size_alignment_from_config`, bound
@@ -180,11 +382,23 @@ def main() -> None:
     blocks.add_argument("--tp", type=int, default=2)
     blocks.add_argument("--k", type=int, nargs="+", default=list(range(16)))
     blocks.add_argument("--user-block-size", type=int)
+    hits = sub.add_parser("prefix-hits")
+    hits.add_argument("--draft", choices=["sliding", "full", "none"], default="sliding")
+    hits.add_argument("--unit", type=lambda text: None if text == "none" else int(text), default=16)
+    hits.add_argument("--lengths", type=int, nargs="+", default=[1000, 2000, 4000])
+    hits.add_argument("--evict", choices=["window", "below-window"])
+    hits.add_argument("--eagle", action="store_true")
+    scenarios = sub.add_parser("prefix-hit-scenarios")
+    scenarios.add_argument("names", nargs="+", choices=sorted(PREFIX_HIT_SCENARIOS))
     args = parser.parse_args()
     if args.probe == "config-gate":
         result = config_gate(args.draft_dir, args.k, args.method)
     elif args.probe == "method-gate":
         result = method_gate(args.method)
+    elif args.probe == "prefix-hit-scenarios":
+        result = prefix_hit_scenarios(args.names)
+    elif args.probe == "prefix-hits":
+        result = prefix_hits(args.draft, args.unit, args.lengths, args.evict, args.eagle)
     else:
         result = block_sizes(args.gpu, args.tp, args.k, args.user_block_size)
     sys.stdout.write("\n" + json.dumps(result) + "\n")

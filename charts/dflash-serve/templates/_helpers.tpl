@@ -139,6 +139,21 @@ Ray head may wait for its workers to join. The sidecar uses it to tell "still lo
 {{- end -}}
 {{- end -}}
 
+{{/* --prefix-match-unit: it must divide every cached group's block (the block size) and
+land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_sizes). */}}
+{{- define "dflash-serve.prefixMatchUnit" -}}
+{{- $unit := .Values.engine.prefixMatchUnit -}}
+{{- if not (kindIs "invalid" $unit) -}}
+{{- $block := int (include "dflash-serve.blockSize" .) -}}
+{{- $ratio := int (.Files.Get "files/block-sizes.yaml" | fromYaml).qsaCompressRatio -}}
+{{- $u := int $unit -}}
+{{- if or (lt $u 1) (ne (mod $block $u) 0) (ne (mod $u $ratio) 0) -}}
+{{- fail (printf "engine.prefixMatchUnit %d is not valid with block size %d: it must divide the block size and be a multiple of the QSA compress ratio %d (e.g. 16), or null for whole-block hits" $u $block $ratio) -}}
+{{- end -}}
+{{- $u -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "dflash-serve.validate" -}}
 {{- $method := .Values.speculative.method -}}
 {{- if not (has $method (list "dflash" "mtp" "ngram" "off")) -}}
@@ -224,6 +239,10 @@ Ray head may wait for its workers to join. The sidecar uses it to tell "still lo
 - align
 - --block-size
 - {{ include "dflash-serve.blockSize" . | quote }}
+{{- with include "dflash-serve.prefixMatchUnit" . }}
+- --prefix-match-unit
+- {{ . | quote }}
+{{- end }}
 {{- if ne .Values.engine.kvCacheDtype "auto" }}
 - --kv-cache-dtype
 - {{ .Values.engine.kvCacheDtype | quote }}

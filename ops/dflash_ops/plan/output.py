@@ -67,6 +67,14 @@ def render_table(plan: DeploymentPlan) -> str:
         for p in plan.plans
     ]
     out += _columns(header, rows)
+    if plan.prefix_match_unit:
+        unit = plan.prefix_match_unit
+        out.append(
+            f"Prefix-cache hits land on multiples of {unit} tokens (--prefix-match-unit {unit}), "
+            "not on whole blocks; with a DFlash2 draft this needs patch 0004."
+        )
+    else:
+        out.append("Prefix-cache hits land on whole blocks (no --prefix-match-unit).")
     out += ["", *render_capacity(plan), "", "vLLM arguments:"]
     for k, args in plan.vllm_args.items():
         label = f"  k={k}: " if len(plan.vllm_args) > 1 else "  "

@@ -95,8 +95,13 @@ class DeploymentPlan(BaseModel):
     recommended_block_size: dict[int, int]
     capacity_assumptions: CapacityAssumptions
     capacity: dict[int, KvCapacity]
+    prefix_match_unit: int | None
     vllm_args: dict[int, list[str]]
 
+
+# Prefix-cache hit granularity the plan and the chart default to: valid for every layout of
+# this model (block sizes are multiples of 16, the QSA compress ratio is 4).
+DEFAULT_PREFIX_MATCH_UNIT = 16
 
 # The public DFlash2 draft of Qwen3.8-Flash-Next (block 8), the chart's default.
 DEFAULT_DRAFT_MODEL = "incoai/Qwen3.8-Flash-Next-DFlash2"
@@ -134,7 +139,24 @@ def estimate_mtp_weights_gib_per_rank(ckpt: HybridCheckpoint, tp: int, expert_bi
     return ckpt.mtp_num_hidden_layers * per_layer / tp / GIB
 
 
-def vllm_args(plan: BlockSizePlan, method: SpecMethod, draft_model: str | None) -> list[str]:
+def check_prefix_match_unit(unit: int, plan: BlockSizePlan, compress_ratio: int) -> None:
+    """vLLM 0.33.0 (resolve_kv_cache_block_sizes): the unit divides every prefix-cached group's
+    block size and lands on whole QSA compressed-key states."""
+    block = plan.recommended_block_size
+    if unit < 1 or block % unit or unit % compress_ratio:
+        raise UserError(
+            f"--prefix-match-unit {unit} is not valid with block size {block} (k={plan.k}): it "
+            f"must divide the block size and be a multiple of the QSA compress ratio "
+            f"{compress_ratio}, e.g. 16; or --prefix-match-unit 0 for whole-block hits"
+        )
+
+
+def vllm_args(
+    plan: BlockSizePlan,
+    method: SpecMethod,
+    draft_model: str | None,
+    prefix_match_unit: int | None = None,
+) -> list[str]:
     args = [
         "--tensor-parallel-size",
         str(plan.tp),
@@ -144,6 +166,8 @@ def vllm_args(plan: BlockSizePlan, method: SpecMethod, draft_model: str | None) 
         "--block-size",
         str(plan.recommended_block_size),
     ]
+    if prefix_match_unit:
+        args += ["--prefix-match-unit", str(prefix_match_unit)]
     if plan.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", plan.kv_cache_dtype]
     if method != "off" and plan.k > 0:
@@ -251,6 +275,7 @@ def make_plan(
     draft_model: str | None = None,
     draft: DraftProfile | None = None,
     engine: EngineName = "auto",
+    prefix_match_unit: int | None = DEFAULT_PREFIX_MATCH_UNIT,
     **capacity: Any,
 ) -> DeploymentPlan:
     """Block sizes for each k, then vLLM's KV-cache plan for each (`capacity` takes the
@@ -267,6 +292,9 @@ def make_plan(
         compute(ckpt, BlockSizeInputs(gpu=profile.name, tp=tp, kv_cache_dtype=kv_cache_dtype, k=k))
         for k in ks
     ]
+    if prefix_match_unit:
+        for plan in plans:
+            check_prefix_match_unit(prefix_match_unit, plan, ckpt.indexer_compress_ratio)
     return DeploymentPlan(
         checkpoint=ckpt.source,
         gpu=profile.name,
@@ -283,5 +311,6 @@ def make_plan(
             )
             for p in plans
         },
-        vllm_args={p.k: vllm_args(p, method, draft_model) for p in plans},
+        prefix_match_unit=prefix_match_unit or None,
+        vllm_args={p.k: vllm_args(p, method, draft_model, prefix_match_unit) for p in plans},
     )

@@ -498,6 +498,29 @@ def _layer_specs(
     return specs
 
 
+def kv_cache_groups(
+    ckpt: HybridCheckpoint,
+    plan: BlockSizePlan,
+    *,
+    method: SpecMethod,
+    draft: DraftProfile | None,
+    inputs: CapacityInputs,
+) -> tuple[Any, dict[str, Any], list[Any]]:
+    """The engine's VllmConfig, every layer's KV spec and vLLM's KV-cache groups for them, after
+    the engine core's layout resolution (also what the prefix-cache tests drive vLLM's
+    KVCacheManager with)."""
+    v = _vllm()
+    api = _capacity_api()
+    vllm_config = _capacity_config(plan, ckpt, inputs)
+    specs = _layer_specs(vllm_config, ckpt, plan, method, draft)
+    backends = [*v["backends"], api.FlashAttentionBackend]
+    layouts = [layout.name for layout in api.get_supported_kv_cache_layouts(backends)]
+    with api.set_current_vllm_config(vllm_config):
+        api.resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
+        groups = api.get_global_kv_cache_groups(vllm_config, [specs])
+    return vllm_config, specs, groups
+
+
 def kv_capacity(
     ckpt: HybridCheckpoint,
     plan: BlockSizePlan,
@@ -509,19 +532,14 @@ def kv_capacity(
     """vLLM 0.33.0's KV-cache plan on one rank: the engine core's layout resolution, grouping
     (`get_global_kv_cache_groups`), sizing and startup check (`get_kv_cache_configs`), and the
     logged capacity (`get_kv_cache_capacity`) for these layer specs and this memory budget."""
-    v = _vllm()
     api = _capacity_api()
-
     inputs.check_budget()
-    vllm_config = _capacity_config(plan, ckpt, inputs)
-    specs = _layer_specs(vllm_config, ckpt, plan, method, draft)
+    vllm_config, specs, groups = kv_cache_groups(
+        ckpt, plan, method=method, draft=draft, inputs=inputs
+    )
     kind_of = {layer.name: GROUP_OF[layer.kind] for layer in layer_inventory(ckpt, method, draft)}
-    backends = [*v["backends"], api.FlashAttentionBackend]
-    layouts = [layout.name for layout in api.get_supported_kv_cache_layouts(backends)]
     budget = inputs.budget_bytes
     with api.set_current_vllm_config(vllm_config):
-        api.resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
-        groups = api.get_global_kv_cache_groups(vllm_config, [specs])
         bytes_per_block = api.pool_bytes_per_block(vllm_config, groups)
         error = None
         try:

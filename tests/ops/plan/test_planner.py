@@ -85,6 +85,11 @@ def test_method_off_plans_k0(capsys: pytest.CaptureFixture[str]) -> None:
         (["--weights-from", "/nonexistent"], "--weights-from '/nonexistent': no *.safetensors"),
         (["--draft-config", "/nonexistent"], "--draft-config '/nonexistent' not found"),
         (["--weights-gib", "1", "--weights-from", "/x"], "not both"),
+        (
+            ["--k", "3", "--prefix-match-unit", "48"],
+            "--prefix-match-unit 48 is not valid with block size 1600",
+        ),
+        (["--prefix-match-unit", "-16"], "--prefix-match-unit -16 is not valid"),
     ],
 )
 def test_bad_input_is_one_clear_line(
