@@ -150,7 +150,9 @@ def prometheus_under_load(operator_prometheus: str, local_stack: stack.StackStat
 
             async def worker(i: int) -> None:
                 while time.monotonic() < deadline:
-                    await endpoint.chat("tiny", f"Count to ten, take {i}.", 32)
+                    messages = [{"role": "user", "content": f"Count to ten, take {i}."}]
+                    record = await endpoint.stream_chat("tiny", messages, 32)
+                    assert record.ok, record
 
             await asyncio.gather(*(worker(i) for i in range(3)))
         finally:

@@ -45,7 +45,7 @@ def free_port() -> int:
 
 def node_ports(prefix: str) -> dict[str, str]:
     """Distinct ports for one raylet: two raylets share this host."""
-    low = free_port() // 1000 * 1000
+    base = 10000 + (os.getpid() % 10) * 2000 + (0 if prefix == "head" else 1000)
     return {
         "node-manager-port": str(free_port()),
         "object-manager-port": str(free_port()),
@@ -53,8 +53,10 @@ def node_ports(prefix: str) -> dict[str, str]:
         "dashboard-agent-grpc-port": str(free_port()),
         "dashboard-agent-listen-port": str(free_port()),
         "metrics-export-port": str(free_port()),
-        "min-worker-port": str(20000 + low % 20000 if prefix == "head" else 45000),
-        "max-worker-port": str(20999 + low % 20000 if prefix == "head" else 45999),
+        # Worker processes listen on these: below the kernel's ephemeral range (32768+), so no
+        # outgoing connection of another test can hold one.
+        "min-worker-port": str(base),
+        "max-worker-port": str(base + 999),
     }
 
 
@@ -237,9 +239,10 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
             }
         )
         worker_start = kuberay_start_command("worker", worker_params)
-        subprocess.run(
-            ["bash", "-c", worker_start], env=env, check=True, capture_output=True, timeout=120
+        joined = subprocess.run(
+            ["bash", "-c", worker_start], env=env, capture_output=True, text=True, timeout=120
         )
+        assert joined.returncode == 0, (joined.stdout + joined.stderr)[-3000:]
         deadline = time.monotonic() + 600
         while http_status(f"http://127.0.0.1:{api_port}/health") != 200:
             assert head.poll() is None, head_log()[-3000:]
