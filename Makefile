@@ -35,10 +35,7 @@ typecheck: setup ## mypy (strict) on service/ and ops/
 	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"
 
 test: lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
-	@echo "==> pytest (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
-	@t=$$SECONDS; $(PY) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 1 took $$((SECONDS - t)) s"
-	@echo "==> pytest (.venv-vllm033: tests against the exact vllm==0.33.0 sources)"
-	@t=$$SECONDS; $(PY033) -m pytest $(PYTEST_ARGS) || exit 1; echo "==> pytest pass 2 took $$((SECONDS - t)) s"
+	@PYTEST_ARGS="$(PYTEST_ARGS)" bash ops/setup/run-tests.sh
 
 demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
 	@$(VENV)/bin/dflash-serve local up

@@ -61,6 +61,11 @@ def register(subparsers: Any) -> None:
         help="stay attached; stop everything on Ctrl-C or SIGTERM (for containers)",
     )
     up.add_argument("--engine-timeout", type=float, default=600.0)
+    up.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="vLLM without torch.compile: starts about 10 s sooner, decodes about half as fast",
+    )
     down = actions.add_parser("down", help="stop everything the stack started")
     status = actions.add_parser("status", help="what runs where")
     status.add_argument("--format", choices=["text", "json"], default="text")
@@ -87,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 prometheus=not args.no_prometheus,
                 engine_timeout_s=args.engine_timeout,
                 host=args.host,
+                enforce_eager=args.enforce_eager,
             )
         except ValidationError as err:
             problem = err.errors()[0]

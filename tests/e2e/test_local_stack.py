@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from dflash_ops.local import stack
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.settings import SidecarSettings
 
-from tests.e2e.conftest import free_port, start_engine_only
+from tests.e2e.conftest import free_port, stack_config, start_engine_only
 
 pytestmark = pytest.mark.e2e
 
@@ -242,13 +243,27 @@ def test_a_killed_api_server_is_noticed_cleaned_up_and_restarted(
 def test_draft_quality_moves_acceptance(
     models_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    results = {}
-    for noise in (0.0, 0.5):
-        state_dir = tmp_path_factory.mktemp(f"noise{noise}")
-        state = start_engine_only(state_dir, models_dir, draft_noise=noise)
-        try:
-            results[noise] = bench(url_of(state, "engine"), state_dir / "bench", "--repeats", "1")
-        finally:
+    state_dirs = {noise: tmp_path_factory.mktemp(f"noise{noise}") for noise in (0.0, 0.5)}
+
+    def measure(noise: float) -> dict[str, Any]:
+        state_dir = state_dirs[noise]
+        # Eager: starts sooner; the acceptance does not depend on compilation.
+        state = start_engine_only(state_dir, models_dir, draft_noise=noise, enforce_eager=True)
+        assert "Enforce eager set" in (state_dir / "engine.log").read_text()
+        return bench(
+            url_of(state, "engine"), state_dir / "bench",
+            "--repeats", "1", "--concurrency", "4", "--num-requests", "8",
+        )  # fmt: skip
+
+    builder = tmp_path_factory.mktemp("drafts")
+    (builder / "models").symlink_to(models_dir)
+    for noise in state_dirs:  # the models first, one at a time
+        stack.ensure_models(stack_config(builder, draft_noise=noise))
+    try:
+        with ThreadPoolExecutor(len(state_dirs)) as pool:  # both engines side by side
+            results = dict(zip(state_dirs, pool.map(measure, state_dirs), strict=True))
+    finally:
+        for state_dir in state_dirs.values():
             stack.down(state_dir, quiet=True)
     identical = results[0.0]["levels"][0]["spec_decode"]
     noisy = results[0.5]["levels"][0]["spec_decode"]

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +67,54 @@ def patched_vllm(tmp_path_factory: pytest.TempPathFactory, vllm_wheel: Path) -> 
 ProbeRunner = Callable[..., dict[str, Any]]
 
 
-@pytest.fixture(scope="session")
-def run_probe() -> ProbeRunner:
-    """Run tests.patches.vllm_probe against a vLLM tree (None: the installed, unpatched one)."""
+class ProbeServer:
+    """`python -m tests.patches.vllm_probe serve` against one vLLM tree: vLLM imported once,
+    each probe answered in a forked child."""
 
-    def run(tree: Path | None, *args: str) -> dict[str, Any]:
+    def __init__(self, tree: Path | None, log: Path) -> None:
         path = [str(REPO_ROOT)] if tree is None else [str(tree), str(REPO_ROOT)]
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(path)}
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.patches.vllm_probe", *args],
-            capture_output=True,
+        self.log = log
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.patches.vllm_probe", "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.open("wb"),
             text=True,
-            env=env,
-            timeout=600,
-            check=False,
+            env=os.environ | {"PYTHONPATH": os.pathsep.join(path)},
         )
-        assert result.returncode == 0, result.stderr[-3000:]
-        data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+
+    def run(self, *args: str) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(list(args)) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, f"the probe server died: {self.log.read_text()[-3000:]}"
+        reply = json.loads(line)
+        assert reply["returncode"] == 0, (args, reply["stderr"][-3000:])
+        data: dict[str, Any] = json.loads(reply["stdout"].strip().splitlines()[-1])
         return data
 
-    return run
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def run_probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProbeRunner]:
+    """Run tests.patches.vllm_probe against a vLLM tree (None: the installed, unpatched one)."""
+    servers: dict[Path | None, ProbeServer] = {}
+    logs = tmp_path_factory.mktemp("probe-servers")
+
+    def run(tree: Path | None, *args: str) -> dict[str, Any]:
+        if tree not in servers:
+            servers[tree] = ProbeServer(tree, logs / f"server-{len(servers)}.log")
+        return servers[tree].run(*args)
+
+    yield run
+    for server in servers.values():
+        server.close()

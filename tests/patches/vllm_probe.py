@@ -6,6 +6,12 @@
 
 Each prints one JSON document on its last line. A subprocess per probe keeps the patched and
 the installed vLLM out of each other's module cache.
+
+    PYTHONPATH=<tree>:<repo> python -m tests.patches.vllm_probe serve
+
+answers probes read from stdin (one JSON argument list per line, one JSON reply per line) in a
+forked child each, from a process that has imported vLLM once: the import is most of a probe's
+time, and the fork keeps what one probe changes (patched classes, config state) from the next.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import copy
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -368,7 +375,52 @@ def _lift_block_size_hook() -> Any:
     return namespace["get_block_size_alignment_from_config"]
 
 
-def main() -> None:
+def serve() -> None:
+    import tempfile
+    import traceback
+
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # vLLM logs to stdout: keep the import's lines out of the replies
+    import vllm.config
+    import vllm.v1.core.kv_cache_manager
+    import vllm.v1.core.sched.scheduler  # noqa: F401
+    from dflash_ops.plan import vllm_engine  # noqa: F401
+
+    for line in sys.stdin:
+        argv = json.loads(line)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(600)  # a probe that hangs dies (SIGALRM) and fails its test
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                code = 0
+                try:
+                    main(argv)
+                except SystemExit as exit_:
+                    code = exit_.code if isinstance(exit_.code, int) else 1
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            out.seek(0)
+            err.seek(0)
+            reply = {
+                "returncode": os.waitstatus_to_exitcode(status),
+                "stdout": out.read().decode(errors="replace"),
+                "stderr": err.read().decode(errors="replace"),
+            }
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="probe", required=True)
     gate = sub.add_parser("config-gate")
@@ -390,7 +442,11 @@ def main() -> None:
     hits.add_argument("--eagle", action="store_true")
     scenarios = sub.add_parser("prefix-hit-scenarios")
     scenarios.add_argument("names", nargs="+", choices=sorted(PREFIX_HIT_SCENARIOS))
-    args = parser.parse_args()
+    sub.add_parser("serve")
+    args = parser.parse_args(argv)
+    if args.probe == "serve":
+        serve()
+        return
     if args.probe == "config-gate":
         result = config_gate(args.draft_dir, args.k, args.method)
     elif args.probe == "method-gate":

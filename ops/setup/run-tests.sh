@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test suite's two pytest passes, run side by side (`make test` calls this):
+#   pass 1: .venv         the project, the vLLM CPU engine, helm, prometheus, podman
+#   pass 2: .venv-vllm033 the tests against the exact vllm==0.33.0 sources (marker vllm033)
+# Pass 1 mostly waits on engines and servers, pass 2 mostly computes, so together they take
+# about as long as pass 1 alone. Pass 2 writes to a log that is printed when pass 1 is done.
+# Extra pytest arguments come from PYTEST_ARGS. Exits non-zero if either pass failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+log_dir=.cache/test-logs
+mkdir -p "$log_dir"
+pass2_log="$log_dir/pass2.log"
+# Separate pytest temp roots: each pass prunes its own old runs, never the other's.
+pass2_tmp="${TMPDIR:-/tmp}/dflash-serve-pytest-pass2"
+mkdir -p "$pass2_tmp"
+
+start=$SECONDS
+echo "==> pytest pass 2 (.venv-vllm033: tests against the exact vllm==0.33.0 sources) started" \
+    "in the background; its output: $pass2_log (printed after pass 1)"
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest $PYTEST_ARGS \
+    >"$pass2_log" 2>&1 &
+pass2_pid=$!
+trap 'kill "$pass2_pid" 2>/dev/null; exit 130' INT TERM
+
+echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
+# shellcheck disable=SC2086
+.venv/bin/python -m pytest $PYTEST_ARGS
+pass1=$?
+echo "==> pytest pass 1 $([ $pass1 -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
+
+if kill -0 "$pass2_pid" 2>/dev/null; then
+    echo "==> waiting for pytest pass 2"
+fi
+wait "$pass2_pid"
+pass2=$?
+echo "==> pytest pass 2 output:"
+cat "$pass2_log"
+echo "==> pytest pass 2 $([ $pass2 -eq 0 ] && echo passed || echo FAILED);" \
+    "both passes took $((SECONDS - start)) s"
+[ $pass1 -eq 0 ] && [ $pass2 -eq 0 ]
