@@ -35,7 +35,7 @@ typecheck: setup ## mypy (strict) on service/ and ops/
 	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"
 
 test: lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
-	@PYTEST_ARGS="$(PYTEST_ARGS)" bash ops/setup/run-tests.sh
+	@bash ops/setup/run-tests.sh $(PYTEST_ARGS)
 
 demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
 	@$(VENV)/bin/dflash-serve local up

@@ -4,7 +4,7 @@
 #   pass 2: .venv-vllm033 the tests against the exact vllm==0.33.0 sources (marker vllm033)
 # Pass 1 mostly waits on engines and servers, pass 2 mostly computes, so together they take
 # about as long as pass 1 alone. Pass 2 writes to a log that is printed when pass 1 is done.
-# Extra pytest arguments come from PYTEST_ARGS. Exits non-zero if either pass failed.
+# Arguments are passed to both pytest runs. Exits non-zero if either pass failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,15 +18,13 @@ mkdir -p "$pass2_tmp"
 start=$SECONDS
 echo "==> pytest pass 2 (.venv-vllm033: tests against the exact vllm==0.33.0 sources) started" \
     "in the background; its output: $pass2_log (printed after pass 1)"
-# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest $PYTEST_ARGS \
+PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest "$@" \
     >"$pass2_log" 2>&1 &
 pass2_pid=$!
 trap 'kill "$pass2_pid" 2>/dev/null; exit 130' INT TERM
 
 echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
-# shellcheck disable=SC2086
-.venv/bin/python -m pytest $PYTEST_ARGS
+.venv/bin/python -m pytest "$@"
 pass1=$?
 echo "==> pytest pass 1 $([ $pass1 -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
 
