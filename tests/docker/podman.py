@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from importlib.metadata import version
 
 import pytest
+from dflash_ops.loopback import free_port
 
 from tests.conftest import REPO_ROOT
 
@@ -39,12 +39,6 @@ def podman(
     if check and result.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)}: {result.stderr[-2000:]}")
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, dict]:  # type: ignore[type-arg]

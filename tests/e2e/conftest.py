@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from dflash_ops.local import stack
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from dflash_ops.loopback import free_port
 
 
 def stack_config(state_dir: Path, **overrides: object) -> stack.StackConfig:

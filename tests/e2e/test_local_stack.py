@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 from dflash_ops.bench.client import Endpoint
 from dflash_ops.local import stack
+from dflash_ops.loopback import free_port
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.settings import SidecarSettings
 
-from tests.e2e.conftest import free_port, stack_config, start_engine_only
+from tests.e2e.conftest import stack_config, start_engine_only
 
 pytestmark = pytest.mark.e2e
 

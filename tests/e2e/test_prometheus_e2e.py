@@ -11,7 +11,6 @@ import asyncio
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from dflash_ops.bench.client import Endpoint
 from dflash_ops.local import stack
+from dflash_ops.loopback import free_port
 from dflash_ops.promql_names import (
     ALL_SERIES_VARIABLES,
     OPS_DIR,
@@ -55,12 +55,6 @@ def missing_metrics(prometheus: str, expr: str) -> set[str]:
         for name in metric_names(expr)
         if not query(prometheus, f"count({{__name__={name!r}}})".replace("'", '"'))
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dflash_ops.loopback import free_port
 from dflash_ops.render_command import PROFILES_DIR, helm_template
 
 from tests.charts.consumers import kuberay_start_command, kuberay_start_params
@@ -35,12 +35,6 @@ from tests.e2e.ray_cpu_platform import install_metadata
 pytestmark = pytest.mark.e2e
 
 HEAD_IP, WORKER_IP = "127.0.0.3", "127.0.0.2"  # Ray rewrites 127.0.0.1 to the eth0 address
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def node_ports(prefix: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dflash_ops.loopback import free_port
 from dflash_ops.render_command import helm_template
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,12 +87,6 @@ def get(url: str) -> str | None:
         return str(err.read().decode())
     except OSError:
         return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Sidecar:

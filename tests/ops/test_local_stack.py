@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from dflash_ops.errors import UserError
 from dflash_ops.local import stack
+from dflash_ops.loopback import free_port
 
 
 def config(tmp_path: Path, **overrides: object) -> stack.StackConfig:
@@ -102,11 +103,7 @@ def test_too_little_shared_memory_names_the_container_flag(
     monkeypatch.setattr(
         shutil_module, "disk_usage", lambda path: usage(64 << 20, 2 << 20, 62 << 20)
     )
-    ports = []
-    for _ in range(3):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
+    ports = [free_port() for _ in range(3)]
     cfg = config(tmp_path, engine_port=ports[0], sidecar_port=ports[1], prometheus_port=ports[2])
     with pytest.raises(UserError, match=r"/dev/shm has 62 MiB free.*--shm-size=1g"):
         stack.up(cfg)

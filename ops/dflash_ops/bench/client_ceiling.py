@@ -11,13 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -26,6 +23,7 @@ from dflash_ops.bench.client import Endpoint
 from dflash_ops.bench.prompts import build
 from dflash_ops.bench.runner import Level, Progress, run_pass
 from dflash_ops.errors import UserError
+from dflash_ops.loopback import start_server
 
 VLLM_CLIENT = """
 import sys
@@ -49,32 +47,6 @@ class ClientCeiling(BaseModel):
         if not self.vllm_tokens_per_s:
             return None
         return statistics.fmean(self.ours_tokens_per_s) / statistics.fmean(self.vllm_tokens_per_s)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_server() -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dflash_ops.bench.fake_server", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            return process, url
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise UserError("the instant test server did not start") from None
-            time.sleep(0.1)
 
 
 async def _ours(url: str, concurrency: int, requests: int, max_tokens: int) -> float:
@@ -137,7 +109,7 @@ def vllm_client_available() -> bool:
 def measure(
     concurrency: int, requests: int, max_tokens: int, repeats: int, against_vllm: bool
 ) -> ClientCeiling:
-    process, url = _start_server()
+    process, url = start_server("dflash_ops.bench.fake_server")
     ours: list[float] = []
     theirs: list[float] = []
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from dflash_ops.bench.prompts import build
 from dflash_ops.bench.results import BenchResult, BenchSettings, Percentiles, Spread
 from dflash_ops.bench.runner import Level, check_lossless, run_bench
 from dflash_ops.errors import UserError
+from dflash_ops.loopback import free_port
 
 
 def settings(**overrides: object) -> BenchSettings:
@@ -116,9 +116,7 @@ def test_bad_base_urls_are_named(url: str, message: str) -> None:
 
 
 def test_unreachable_server_fails_fast_naming_the_url() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(UserError, match=f"cannot reach {url}/v1/models"):
         asyncio.run(run_bench(url, None, [Level(concurrency=1)], settings()))

@@ -1,0 +1,26 @@
+"""dflash_ops.loopback: a free port binds; a server that does not answer is named."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from dflash_ops.errors import UserError
+from dflash_ops.loopback import free_port, start_server
+
+
+def test_free_port_can_be_bound() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))
+
+
+def test_a_server_that_exits_is_named() -> None:
+    # `python -m json.tool --port N` exits at once with a usage error: it never answers /health.
+    with pytest.raises(UserError, match=r"json\.tool did not start: no answer on http://127"):
+        start_server("json.tool")
+
+
+def test_a_server_still_starting_at_the_deadline_is_named() -> None:
+    # The instant server needs longer than no time at all to import and listen.
+    with pytest.raises(UserError, match=r"dflash_ops\.bench\.fake_server did not start"):
+        start_server("dflash_ops.bench.fake_server", timeout_s=0)
