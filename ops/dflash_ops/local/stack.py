@@ -296,6 +296,13 @@ def _engine_ready(record: ProcessRecord) -> bool:
     return SERVED_MODEL in served
 
 
+def _ready(record: ProcessRecord) -> bool:
+    """The component answers its readiness path (the engine: and serves our model)."""
+    if record.name == "engine":
+        return _engine_ready(record)
+    return _http_ok(record.url + READY_PATHS[record.name])
+
+
 def up(config: StackConfig) -> StackState:
     """Start the stack, or the parts of it that died; refuse a different running configuration.
     Ctrl-C stops whatever was started (a second Ctrl-C is ignored while it does)."""
@@ -379,11 +386,6 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
         )
     elif config.prometheus:
         _say("prometheus is not installed: skipping it (apt-get install prometheus)")
-    ready: dict[str, Callable[[ProcessRecord], bool]] = {
-        "engine": _engine_ready,
-        "sidecar": lambda r: _http_ok(r.url + READY_PATHS["sidecar"]),
-        "prometheus": lambda r: _http_ok(r.url + READY_PATHS["prometheus"]),
-    }
     timeouts = {"engine": config.engine_timeout_s, "sidecar": 120.0, "prometheus": 60.0}
     for name, _, _, port, flag, _ in components:
         if name not in kept:  # before anything starts: a stranger on a port is not our engine
@@ -404,7 +406,7 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
             record = _spawn(name, argv, url, config, env=env)
             state.processes.append(record)
             _save_state(state)
-            _wait(record, partial(ready[name], record), timeouts[name], f"{name} starting")
+            _wait(record, partial(_ready, record), timeouts[name], f"{name} starting")
         _save_state(state)
     except BaseException:
         down(config.state_dir, quiet=True)
@@ -428,7 +430,8 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
                 also = f" and {extra} process(es) it started" if extra else ""
                 leader = "" if record.pid in members else ", already exited"
                 _say(f"stopped {record.name} (pid {record.pid}{leader}){also}")
-    left = {r.name: group_members(r) for r in state.processes if group_members(r)}
+    survivors = {r.name: group_members(r) for r in state.processes}
+    left = {name: pids for name, pids in survivors.items() if pids}
     if left:
         raise UserError(
             "could not stop "
@@ -453,25 +456,6 @@ def stop_process(record: ProcessRecord, grace_s: float = 30.0) -> bool:
         if not group_members(record):
             break
     return True
-
-
-def restart_process(state: StackState, name: str) -> ProcessRecord:
-    """Stop and start one component with its recorded command line; wait until it is healthy."""
-    index, record = next((i, p) for i, p in enumerate(state.processes) if p.name == name)
-    stop_process(record)
-    config = state.config
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)} if name == "engine" else None
-    fresh = _spawn(name, record.argv, record.url, config, env=env)
-    state.processes[index] = fresh
-    _save_state(state)
-    probe = READY_PATHS[name]
-    check = (
-        (lambda: _engine_ready(fresh))
-        if name == "engine"
-        else (lambda: _http_ok(fresh.url + probe))
-    )
-    _wait(fresh, check, config.engine_timeout_s, f"{name} restarting")
-    return fresh
 
 
 def status(state_dir: Path) -> list[dict[str, object]]:
