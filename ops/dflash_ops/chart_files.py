@@ -19,7 +19,6 @@ import shlex
 import sys
 from math import lcm
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -27,8 +26,8 @@ from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import load_checkpoint
 from dflash_ops.plan.gpus import GPUS
 from dflash_ops.plan.model import MAX_K, BlockSizeInputs
+from dflash_ops.render_command import CHART_DIR, PROFILES_DIR, chart_values, helm_template
 
-CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "dflash-serve"
 BLOCK_SIZES = CHART_DIR / "files" / "block-sizes.yaml"
 KV_CAPACITY = CHART_DIR / "files" / "kv-capacity.yaml"
 README = CHART_DIR.parents[1] / "README.md"
@@ -107,27 +106,11 @@ def capacity_key(
     return f"{model}|{gpu}|tp{tp}|{kv}|{method}|k{k}|b{block}|len{max_model_len}|util{util:g}"
 
 
-def _merged_values(profile: Path | None) -> dict[str, Any]:
-    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-
-    def merge(base: dict[str, Any], over: dict[str, Any]) -> None:
-        for key, value in over.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                merge(base[key], value)
-            else:
-                base[key] = value
-
-    if profile is not None:
-        merge(values, yaml.safe_load(profile.read_text()) or {})
-    return values
-
-
 def capacity_entry(profile: Path | None) -> tuple[str, dict[str, object]]:
     """The plan for the engine command line the chart renders with these values."""
     from dflash_ops.plan.planner import make_plan
-    from dflash_ops.render_command import helm_template
 
-    values = _merged_values(profile)
+    values = chart_values([profile] if profile else [])
     argv = engine_argv(helm_template([profile] if profile else [], [], "t", "default"))
 
     def after(flag: str, default: str) -> str:
@@ -162,8 +145,6 @@ def capacity_entry(profile: Path | None) -> tuple[str, dict[str, object]]:
 
 
 def capacity_table() -> dict[str, object]:
-    from dflash_ops.render_command import PROFILES_DIR
-
     profiles: list[Path | None] = [None, *sorted(PROFILES_DIR.glob("*.yaml"))]
     return dict(capacity_entry(profile) for profile in profiles)
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
 from pydantic import BaseModel
 
 from dflash_ops.errors import UserError
-from dflash_ops.render_command import CHART_DIR, add_values_arguments, values_files
+from dflash_ops.render_command import add_values_arguments, chart_values, values_files
 
 DEFAULT_CLASS_ANNOTATIONS = (
     "storageclass.kubernetes.io/is-default-class",
@@ -42,23 +40,6 @@ class Check(BaseModel):
     ok: bool
     detail: str
     fix: str = ""
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def chart_values(files: list[Path]) -> dict[str, Any]:
-    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    for path in files:
-        values = deep_merge(values, yaml.safe_load(path.read_text()) or {})
-    return values
 
 
 def _quantity(value: str | None) -> int:

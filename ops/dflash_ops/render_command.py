@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dflash_ops.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +32,24 @@ def helm_binary() -> str:
             "helm is not installed: run `make setup` (helm v4 in .cache/bin) or install it"
         )
     return found
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def chart_values(files: list[Path]) -> dict[str, Any]:
+    """The chart's values.yaml with these values files merged over it, as helm merges them."""
+    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    for path in files:
+        values = deep_merge(values, yaml.safe_load(path.read_text()) or {})
+    return values
 
 
 def profiles() -> list[str]:

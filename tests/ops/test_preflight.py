@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflash_ops.preflight import Check, chart_values, check_cluster, report
-from dflash_ops.render_command import PROFILES_DIR
+from dflash_ops.preflight import Check, check_cluster, report
+from dflash_ops.render_command import PROFILES_DIR, chart_values
 
 from tests.conftest import find_tool
 
