@@ -74,11 +74,12 @@ class ProbeServer:
     def __init__(self, tree: Path | None, log: Path) -> None:
         path = [str(REPO_ROOT)] if tree is None else [str(tree), str(REPO_ROOT)]
         self.log = log
+        self.log_file = log.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.patches.vllm_probe", "serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=log.open("wb"),
+            stderr=self.log_file,
             text=True,
             env=os.environ | {"PYTHONPATH": os.pathsep.join(path)},
         )
@@ -102,6 +103,7 @@ class ProbeServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.log_file.close()
 
 
 @pytest.fixture(scope="session")
