@@ -4,11 +4,14 @@ patched source (the model file needs GPU kernels to import)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import load_checkpoint
+from dflash_ops.plan.gpus import QSA_KERNEL_BLOCK, gpu_profile
 from dflash_ops.plan.model import BlockSizeInputs, ring_capacity
 
 from tests.patches.conftest import ProbeRunner
@@ -45,22 +48,54 @@ def test_automatic_block_size_is_divisible_by_the_ring(
 
 
 @pytest.mark.parametrize(
-    ("user", "k", "expected"),
+    ("user", "k", "tp", "expected"),
     [
-        (16, 6, 1632),  # started before the series: must still start, at the same size
-        (24, 7, 1680),  # unpatched: rounded to 1664, which the ring 12 does not divide
-        (36, 7, 1680),
-        (1680, 7, 1680),
+        (16, 6, 2, 1632),  # started before the series: must still start, at the same size
+        (24, 7, 2, 1680),  # unpatched: rounded to 1664, which the ring 12 does not divide
+        (36, 7, 2, 1680),
+        (1680, 7, 2, 1680),
+        (1000, 5, 4, 1008),  # series v2 grew these to 3024
+        (36, 2, 1, 1632),  # series v2: 1664
     ],
 )
 def test_a_users_block_size_ends_valid(
-    patched_vllm: Path, run_probe: ProbeRunner, user: int, k: int, expected: int
+    patched_vllm: Path, run_probe: ProbeRunner, user: int, k: int, tp: int, expected: int
 ) -> None:
-    (row,) = run_probe(patched_vllm, "block-sizes", "--k", str(k), "--user-block-size", str(user))[
-        "rows"
-    ]
+    (row,) = run_probe(
+        patched_vllm, "block-sizes", "--tp", str(tp), "--k", str(k), "--user-block-size", str(user)
+    )["rows"]
     assert row == {"k": k, "block_size": expected, "ring_capacity": ring_capacity(4, k),
                    "spec_ok": True}  # fmt: skip
+
+
+USER_SIZES = [16, 24, 32, 36, 48, 64, 96, 100, 128, 256, 512, 1000, 1024, 1536, 1600, 1632, 1680,
+              2048, 4096]  # fmt: skip
+
+
+def grid(run_probe: ProbeRunner, tree: Path | None) -> dict[tuple[str, int, int, int], int]:
+    rows: list[dict[str, Any]] = run_probe(
+        tree, "block-size-grid", "--user-block-size", *map(str, USER_SIZES)
+    )["rows"]
+    return {(r["gpu"], r["tp"], r["k"], r["user"]): r["block_size"] for r in rows}
+
+
+def test_only_sizes_that_would_fail_change(patched_vllm: Path, run_probe: ProbeRunner) -> None:
+    """Over A100/H100/H200/B200 x TP 1/2/4/8 x k 0..15, automatic and 19 user sizes: a size that
+    starts unpatched (the ring divides it) is unchanged; one that would fail at startup becomes
+    the smallest size at or above it that the ring, the QSA kernel block (16) and the GPU's
+    prefill-checkpoint alignment all divide."""
+    unpatched, patched = grid(run_probe, None), grid(run_probe, patched_vllm)
+    assert unpatched.keys() == patched.keys() and len(unpatched) == 4 * 4 * 16 * 20
+    grown = 0
+    for (gpu, tp, k, user), size in unpatched.items():
+        ring = ring_capacity(4, k)
+        if size % ring == 0:
+            assert patched[gpu, tp, k, user] == size, (gpu, tp, k, user)
+            continue
+        step = math.lcm(ring, QSA_KERNEL_BLOCK, gpu_profile(gpu).prefill_checkpoint_alignment or 1)
+        assert patched[gpu, tp, k, user] == step * math.ceil(size / step), (gpu, tp, k, user)
+        grown += 1
+    assert grown > 1000  # most k fail unpatched: the grid is not vacuous
 
 
 def test_unpatched_user_sizes_show_what_the_patch_fixes(run_probe: ProbeRunner) -> None:

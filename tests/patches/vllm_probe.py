@@ -135,6 +135,42 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
     return {"rows": rows}
 
 
+def block_size_grid(
+    gpus: list[str], tps: list[int], ks: list[int], user_sizes: list[int]
+) -> dict[str, Any]:
+    """The block size vLLM's alignment settles on for every GPU x TP x k, automatic (user 0)
+    and for each user size; no QSA rings are built (the rule tests compare sizes)."""
+    from dflash_ops.plan import vllm_engine
+    from dflash_ops.plan.checkpoint import load_checkpoint
+    from dflash_ops.plan.gpus import gpu_profile
+    from dflash_ops.plan.model import BlockSizeInputs
+
+    v = vllm_engine._vllm()
+    hook = _lift_block_size_hook()
+    if hook is not None:
+        v["Qwen4ExpForPlanning"].get_block_size_alignment_from_config = hook
+    ckpt = load_checkpoint()
+    rows = []
+    for gpu in gpus:
+        with vllm_engine._prefill_checkpoint_alignment(
+            gpu_profile(gpu).prefill_checkpoint_alignment
+        ):
+            for tp in tps:
+                for k in ks:
+                    base = vllm_engine.build_vllm_config(ckpt, BlockSizeInputs(gpu=gpu, tp=tp, k=k))
+                    for user in [0, *user_sizes]:
+                        config = copy.deepcopy(base)
+                        cache_config = config.cache_config
+                        cache_config.block_size = user or v["CacheConfig"].DEFAULT_BLOCK_SIZE
+                        cache_config.user_specified_block_size = user > 0
+                        v["PlanningPlatform"].update_block_size_for_backend(config)
+                        rows.append(
+                            {"gpu": gpu, "tp": tp, "k": k, "user": user,
+                             "block_size": cache_config.block_size}
+                        )  # fmt: skip
+    return {"rows": rows}
+
+
 def prefix_hits(
     draft: str, unit: int | None, lengths: list[int], evict: str | None, eagle: bool = False
 ) -> dict[str, Any]:
@@ -361,14 +397,17 @@ def _lift_block_size_hook() -> Any:
     if hook is None:
         return None
     from vllm.config import VllmConfig
-    from vllm.models.qwen4_exp.common.qsa_cache import qsa_ring_capacity
+    from vllm.models.qwen4_exp.common.qsa_cache import qsa_block_size_alignment
 
     constants = next(
         n
         for n in tree.body
         if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_QSA_LAYER_TYPES"
     )
-    namespace: dict[str, Any] = {"VllmConfig": VllmConfig, "qsa_ring_capacity": qsa_ring_capacity}
+    namespace: dict[str, Any] = {
+        "VllmConfig": VllmConfig,
+        "qsa_block_size_alignment": qsa_block_size_alignment,
+    }
     exec(
         compile(ast.Module(body=[constants, hook], type_ignores=[]), str(source), "exec"), namespace
     )
@@ -434,6 +473,17 @@ def main(argv: list[str] | None = None) -> None:
     blocks.add_argument("--tp", type=int, default=2)
     blocks.add_argument("--k", type=int, nargs="+", default=list(range(16)))
     blocks.add_argument("--user-block-size", type=int)
+    kv = sub.add_parser("kv-invariants")
+    kv.add_argument("geometry")
+    kv.add_argument("--seeds", type=int, nargs="+", required=True)
+    kv.add_argument("--no-guard", action="store_true")
+    cases = sub.add_parser("kv-cases")
+    cases.add_argument("names", nargs="+")
+    grid = sub.add_parser("block-size-grid")
+    grid.add_argument("--gpu", nargs="+", default=["a100", "h100", "h200", "b200"])
+    grid.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
+    grid.add_argument("--k", type=int, nargs="+", default=list(range(16)))
+    grid.add_argument("--user-block-size", type=int, nargs="*", default=[])
     hits = sub.add_parser("prefix-hits")
     hits.add_argument("--draft", choices=["sliding", "full", "none"], default="sliding")
     hits.add_argument("--unit", type=lambda text: None if text == "none" else int(text), default=16)
@@ -453,6 +503,20 @@ def main(argv: list[str] | None = None) -> None:
         result = method_gate(args.method)
     elif args.probe == "prefix-hit-scenarios":
         result = prefix_hit_scenarios(args.names)
+    elif args.probe == "kv-invariants":
+        from tests.patches import kv_cache_harness
+
+        result = {
+            "reports": kv_cache_harness.sweep(
+                args.geometry, args.seeds, same_step_guard=not args.no_guard
+            )
+        }
+    elif args.probe == "kv-cases":
+        from tests.patches import kv_cache_cases
+
+        result = kv_cache_cases.run(args.names)
+    elif args.probe == "block-size-grid":
+        result = block_size_grid(args.gpu, args.tp, args.k, args.user_block_size)
     elif args.probe == "prefix-hits":
         result = prefix_hits(args.draft, args.unit, args.lengths, args.evict, args.eagle)
     else:
