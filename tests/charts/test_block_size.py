@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from dflash_ops.chart_files import BLOCK_SIZES, render_block_sizes
+from dflash_ops.chart.generated_files import BLOCK_SIZES, render_block_sizes
 from dflash_ops.errors import UserError
 from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import load_checkpoint
@@ -18,7 +18,8 @@ CKPT = load_checkpoint()
 
 def test_block_size_table_is_generated_from_the_planner() -> None:
     assert BLOCK_SIZES.read_text() == render_block_sizes(), (
-        "charts/dflash-serve/files/block-sizes.yaml is stale: python -m dflash_ops.chart_files"
+        "charts/dflash-serve/files/block-sizes.yaml is stale: "
+        "python -m dflash_ops.chart.generated_files"
     )
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from dflash_ops.render_command import PROFILES_DIR, helm_template
+from dflash_ops.chart.helm import helm_template
+from dflash_ops.paths import PROFILES_DIR
 
 from tests.charts.consumers import (
     Manifests,

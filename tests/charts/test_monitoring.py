@@ -3,10 +3,10 @@ from __future__ import annotations
 import json
 
 import yaml
-from dflash_ops.promql_names import DASHBOARD_DIR, RULES_DIR
-from dflash_ops.render_command import PROFILES_DIR as PROFILES
+from dflash_ops.paths import PROFILES_DIR as PROFILES
 
 from tests.charts.conftest import Manifests, one, render
+from tests.ops.observability.promql_names import DASHBOARD_DIR, RULES_DIR
 
 
 def test_one_labels_value_reaches_the_podmonitor_and_the_prometheusrule() -> None:

@@ -9,11 +9,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dflash_ops.chart_files import KV_CAPACITY, README, render_kv_capacity, render_readme
+from dflash_ops.chart.generated_files import KV_CAPACITY, README, render_kv_capacity, render_readme
+from dflash_ops.chart.helm import helm_binary
 from dflash_ops.cli import main
+from dflash_ops.paths import CHART_DIR, PROFILES_DIR
 from dflash_ops.plan.checkpoint import load_checkpoint
 from dflash_ops.plan.planner import make_plan
-from dflash_ops.render_command import CHART_DIR, PROFILES_DIR, helm_binary
 
 CKPT = load_checkpoint()
 
@@ -30,7 +31,8 @@ def notes(*args: str) -> str:
 
 def test_kv_capacity_file_is_generated_from_the_planner() -> None:
     assert KV_CAPACITY.read_text() == render_kv_capacity(), (
-        "charts/dflash-serve/files/kv-capacity.yaml is stale: python -m dflash_ops.chart_files"
+        "charts/dflash-serve/files/kv-capacity.yaml is stale: "
+        "python -m dflash_ops.chart.generated_files"
     )
 
 
@@ -38,7 +40,7 @@ def test_readme_quotes_the_current_plan() -> None:
     text = README.read_text()
     assert "<!-- plan-capacity:" in text
     assert render_readme(text) == text, (
-        "README's plan quote is stale: python -m dflash_ops.chart_files"
+        "README's plan quote is stale: python -m dflash_ops.chart.generated_files"
     )
 
 

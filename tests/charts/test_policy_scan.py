@@ -11,7 +11,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from dflash_ops.render_command import PROFILES_DIR, helm_template
+from dflash_ops.chart.helm import helm_template
+from dflash_ops.paths import PROFILES_DIR
 
 from tests.conftest import find_tool
 

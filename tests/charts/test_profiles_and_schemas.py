@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dflash_ops.render_command import CHART_DIR, EXAMPLES_DIR, helm_binary, render_examples
+from dflash_ops.chart.generated_files import render_examples
+from dflash_ops.chart.helm import helm_binary
+from dflash_ops.paths import CHART_DIR, EXAMPLES_DIR
 
 from tests.conftest import find_tool
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflash_ops.chart_files import engine_argv
-from dflash_ops.render_command import PROFILES_DIR, helm_template
+from dflash_ops.chart.generated_files import engine_argv
+from dflash_ops.chart.helm import helm_template
+from dflash_ops.paths import PROFILES_DIR
 
 from tests.conftest import REPO_ROOT
 from tests.patches.conftest import manifest, patched_vllm, vllm_wheel  # noqa: F401

@@ -20,18 +20,18 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from dflash_ops.bench.client import Endpoint
+from dflash_ops.chart.helm import helm_template
 from dflash_ops.local import stack
 from dflash_ops.loopback import free_port
-from dflash_ops.promql_names import (
+
+from tests.e2e.prometheus_operator import LocalPod, rule_file, scrape_configs
+from tests.ops.observability.promql_names import (
     ALL_SERIES_VARIABLES,
     OPS_DIR,
     dashboard_expressions,
     expand_grafana,
     metric_names,
 )
-from dflash_ops.render_command import helm_template
-
-from tests.e2e.prometheus_operator import LocalPod, rule_file, scrape_configs
 
 pytestmark = pytest.mark.e2e
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dflash_ops.chart.helm import helm_template
 from dflash_ops.loopback import free_port
-from dflash_ops.render_command import PROFILES_DIR, helm_template
+from dflash_ops.paths import PROFILES_DIR
 
 from tests.charts.consumers import kuberay_start_command, kuberay_start_params
 from tests.conftest import REPO_ROOT

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from dflash_ops.errors import UserError
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
+from dflash_ops.paths import RULES_DIR
 
 SpecMethod = Literal["draft_model", "ngram", "off"]
 SERVED_MODEL = "tiny"
@@ -243,7 +244,7 @@ def prometheus_config(config: StackConfig) -> Path:
     path.write_text(
         "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
         "rule_files:\n"
-        f"  - {Path(__file__).resolve().parents[3] / 'ops' / 'prometheus' / 'rules' / '*.yaml'}\n"
+        f"  - {RULES_DIR / '*.yaml'}\n"
         "scrape_configs:\n"
         "  - job_name: vllm\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{config.engine_port}']\n"

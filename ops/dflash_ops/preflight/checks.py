@@ -1,22 +1,12 @@
-"""`dflash-serve preflight`: check a cluster before `helm install`, with what to fix.
-
-Reads the chart's values (defaults plus a profile or -f files) to know what the release will
-ask for, then checks the current cluster through the Kubernetes API: GPU nodes of the wanted
-product with enough allocatable GPUs, the NVIDIA device plugin, the StorageClass, the CRDs the
-values need, the namespace and the HF token Secret.
-"""
+"""What preflight checks in a cluster, from the chart's values: each check with what to fix."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any, Protocol
 
 from pydantic import BaseModel
-
-from dflash_ops.errors import UserError
-from dflash_ops.render_command import add_values_arguments, chart_values, values_files
 
 DEFAULT_CLASS_ANNOTATIONS = (
     "storageclass.kubernetes.io/is-default-class",
@@ -189,88 +179,6 @@ def check_cluster(values: dict[str, Any], namespace: str, cluster: ClusterReader
             )
         )
     return checks
-
-
-class KubernetesCluster:
-    """ClusterReader over the kubernetes client and the current kubeconfig (or in-cluster)."""
-
-    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
-
-        try:
-            config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
-        except (ConfigException, FileNotFoundError, TypeError) as err:
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except ConfigException:
-                where = kubeconfig or "KUBECONFIG / ~/.kube/config"
-                raise UserError(
-                    f"no usable kubeconfig ({where}): {err}; point --kubeconfig or KUBECONFIG at "
-                    "the cluster, or run inside it"
-                ) from None
-        self.core = client.CoreV1Api()
-        self.apps = client.AppsV1Api()
-        self.storage = client.StorageV1Api()
-        self.ext = client.ApiextensionsV1Api()
-        self._client = client
-
-    def nodes(self) -> list[Any]:
-        return list(self.core.list_node().items)
-
-    def crd_names(self) -> set[str]:
-        items = self.ext.list_custom_resource_definition().items
-        return {str(c.metadata.name) for c in items if c.metadata is not None}
-
-    def storage_classes(self) -> list[Any]:
-        return list(self.storage.list_storage_class().items)
-
-    def daemonsets(self) -> list[Any]:
-        return list(self.apps.list_daemon_set_for_all_namespaces().items)
-
-    def namespace_exists(self, name: str) -> bool:
-        try:
-            self.core.read_namespace(name)
-            return True
-        except self._client.ApiException as err:
-            if err.status == 404:
-                return False
-            raise
-
-    def secret_keys(self, namespace: str, name: str) -> set[str] | None:
-        try:
-            secret = self.core.read_namespaced_secret(name, namespace)
-        except self._client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return set((secret.data or {}).keys())
-
-
-def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "preflight",
-        help="check the current cluster before helm install (GPUs, plugin, storage, CRDs, secret)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    add_values_arguments(parser)
-    parser.add_argument("--namespace", "-n", default="default")
-    parser.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
-    )
-    parser.add_argument("--context", help="kubeconfig context")
-    parser.add_argument("--format", choices=["text", "json"], default="text")
-    parser.set_defaults(handler=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    values = chart_values(values_files(args))
-    cluster = KubernetesCluster(args.kubeconfig, args.context)
-    try:
-        checks = check_cluster(values, args.namespace, cluster)
-    except Exception as err:  # an API error is reported as such, not as a traceback
-        raise UserError(f"the Kubernetes API refused a read: {err}") from None
-    return report(checks, args.format)
 
 
 def report(checks: list[Check], fmt: str) -> int:

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflash_ops.preflight import Check, check_cluster, report
-from dflash_ops.render_command import PROFILES_DIR, chart_values
+from dflash_ops.chart.values import chart_values
+from dflash_ops.paths import PROFILES_DIR
+from dflash_ops.preflight.checks import Check, check_cluster, report
 
 from tests.conftest import find_tool
 
-FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def load(name: str, model: str) -> Any:

@@ -37,23 +37,15 @@ def _subcommand_registrars() -> list[
 ]:
     # Imported lazily so `--help` and `--version` stay fast and a subcommand's heavy imports
     # (torch, vLLM) only happen when that subcommand runs.
-    from dflash_ops import (
-        bench_command,
-        local_command,
-        patches_command,
-        plan_command,
-        preflight,
-        render_command,
-        sidecar_command,
-    )
+    from dflash_ops.cli import bench, local, patches, plan, preflight, render, sidecar
 
     return [
-        plan_command.register,
-        render_command.register,
-        sidecar_command.register,
-        bench_command.register,
-        local_command.register,
-        patches_command.register,
+        plan.register,
+        render.register,
+        sidecar.register,
+        bench.register,
+        local.register,
+        patches.register,
         preflight.register,
     ]
 

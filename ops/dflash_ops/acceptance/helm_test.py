@@ -1,8 +1,8 @@
 """The checks `helm test` runs against a release (in the sidecar image).
 
-    python -m dflash_ops.helm_checks chat --base-url http://svc:8000 --model NAME
-    python -m dflash_ops.helm_checks tool-call --base-url ... --model NAME
-    python -m dflash_ops.helm_checks spec-metrics --base-url ... --model NAME \\
+    python -m dflash_ops.acceptance.helm_test chat --base-url http://svc:8000 --model NAME
+    python -m dflash_ops.acceptance.helm_test tool-call --base-url ... --model NAME
+    python -m dflash_ops.acceptance.helm_test spec-metrics --base-url ... --model NAME \\
         --pods-dns RELEASE-pods.NAMESPACE.svc --pods-port 8000
 
 Each prints what it checked and exits 1 with the reason when the answer is wrong.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "patches" / "gpu_acceptance.py"
+SCRIPT = REPO_ROOT / "ops" / "dflash_ops" / "acceptance" / "gpu.py"
 
 
 def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
@@ -19,8 +19,8 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     config = REPO_ROOT / "ops" / "dflash_ops" / "data" / "qwen3.8-flash-next.config.json"
     (model / "config.json").write_text(config.read_text())
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", str(model), "--draft", "d2", "--dry-run",
-         "--work", str(tmp_path / "work")],
+        [sys.executable, "-m", "dflash_ops.acceptance.gpu", "--model", str(model),
+         "--draft", "d2", "--dry-run", "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     lines = done.stdout.splitlines()

@@ -2,7 +2,7 @@
 """GPU acceptance of the patch series: every claim the README makes about the GPU path, checked
 on 2x A100-80GB (or H100) inside the patched image, and printed as one table.
 
-    python patches/gpu_acceptance.py --model /models/Qwen3.8-Flash-Next-AWQ \\
+    python -m dflash_ops.acceptance.gpu --model /models/Qwen3.8-Flash-Next-AWQ \\
         --draft /models/Qwen3.8-Flash-Next-DFlash2 [--gpu a100] [--dry-run]
 
 Engines run one after another (two TP2 engines do not fit on one 2-GPU machine):
@@ -146,7 +146,7 @@ class Engine:
                 self.process.kill()
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return str(self.log_path.read_text(errors="replace"))
 
 
 def bench(engine: Engine, args: argparse.Namespace, name: str, *extra: str) -> Any:
@@ -209,13 +209,14 @@ def capture_cost_ms(hidden_size: int, hc_count: int, tokens: int, layers: int) -
 
     state = torch.randn(tokens, hc_count * hidden_size, device="cuda", dtype=torch.bfloat16)
     for _ in range(10):
-        state.unflatten(-1, (hc_count, hidden_size)).mean(dim=-2)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        state.unflatten(-1, (hc_count, hidden_size)).mean(dim=-2)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     repeats = 200
     start.record()
     for _ in range(repeats):
         for _ in range(layers):
-            state.unflatten(-1, (hc_count, hidden_size)).mean(dim=-2)
+            state.unflatten(-1, (hc_count, hidden_size)).mean(dim=-2)  # type: ignore[no-untyped-call]
     end.record()
     torch.cuda.synchronize()
     return float(start.elapsed_time(end)) / repeats
@@ -322,16 +323,17 @@ def main() -> int:
                 len(per_pos) == 7 and per_pos[0] >= 0.5,
             )
             import httpx
-            from dflash_ops import helm_checks
+
+            from dflash_ops.acceptance import helm_test
 
             with httpx.Client(base_url=engine.url, timeout=args.request_timeout) as client:
                 for name, check in (
-                    ("reasoning + answer", helm_checks.chat),
-                    ("qwen3_xml tool call", helm_checks.tool_call),
+                    ("reasoning + answer", helm_test.chat),
+                    ("qwen3_xml tool call", helm_test.tool_call),
                 ):
                     try:
                         report.add(name, check(client, "model"), "passes", True)
-                    except (helm_checks.CheckFailed, httpx.HTTPError) as err:
+                    except (helm_test.CheckFailed, httpx.HTTPError) as err:
                         report.add(name, str(err), "passes", False)
                 reply = client.post(
                     "/v1/chat/completions",

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
-
-OPS_DIR = Path(__file__).resolve().parents[1]
-RULES_DIR = OPS_DIR / "prometheus" / "rules"
-DASHBOARD_DIR = OPS_DIR / "grafana" / "dashboards"
+from dflash_ops.paths import DASHBOARDS_DIR as DASHBOARD_DIR
+from dflash_ops.paths import RULES_DIR
 
 
 def metric_names(expr: str) -> set[str]:

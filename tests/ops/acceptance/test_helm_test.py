@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from dflash_ops import helm_checks
+from dflash_ops.acceptance import helm_test as helm_checks
 
 from tests.service.fake_engine import Counters, vllm_page
 

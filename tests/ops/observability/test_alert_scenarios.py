@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dflash_ops.chart.helm import helm_template
 from dflash_ops.loopback import free_port
-from dflash_ops.render_command import helm_template
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import find_tool

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dflash_ops import dashboards
-from dflash_ops.promql_names import (
+from dflash_ops.chart.helm import helm_template
+from dflash_ops.observability import dashboards
+
+from tests.conftest import REPO_ROOT, find_tool
+from tests.ops.observability.promql_names import (
     ALL_SERIES_VARIABLES,
     DASHBOARD_DIR,
     RULES_DIR,
@@ -19,9 +22,6 @@ from dflash_ops.promql_names import (
     metric_names,
     rule_expressions,
 )
-from dflash_ops.render_command import helm_template
-
-from tests.conftest import REPO_ROOT, find_tool
 
 
 def test_promtool_checks_the_rules() -> None:
@@ -93,7 +93,7 @@ def test_every_alert_has_summary_description_and_a_runbook_section() -> None:
 def test_dashboards_are_generated_from_the_source() -> None:
     for name, text in dashboards.render().items():
         assert (DASHBOARD_DIR / name).read_text() == text, (
-            f"{name} is stale: python -m dflash_ops.dashboards"
+            f"{name} is stale: python -m dflash_ops.observability.dashboards"
         )
 
 

@@ -1,6 +1,6 @@
 """Grafana dashboards for dflash-serve, generated so every panel has a unit and a description.
 
-    python -m dflash_ops.dashboards          # rewrite ops/grafana/dashboards/*.json
+    python -m dflash_ops.observability.dashboards          # rewrite ops/grafana/dashboards/*.json
 
 The committed JSON is what Grafana (and the chart's ConfigMaps) load; a test regenerates it and
 requires it unchanged, and the Prometheus end-to-end test runs every query against a real
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "grafana" / "dashboards"
+from dflash_ops.paths import DASHBOARDS_DIR as DASHBOARD_DIR
+
 SEL = (
     'namespace=~"$namespace", release=~"$release", pod=~"$pod", model_name=~"$model", '
     'engine=~"$engine"'

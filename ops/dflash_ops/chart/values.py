@@ -1,0 +1,49 @@
+"""The chart's values as helm merges them, and the values files a command is given."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dflash_ops.errors import UserError
+from dflash_ops.paths import CHART_DIR, PROFILES_DIR
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def chart_values(files: list[Path]) -> dict[str, Any]:
+    """The chart's values.yaml with these values files merged over it, as helm merges them."""
+    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    for path in files:
+        values = deep_merge(values, yaml.safe_load(path.read_text()) or {})
+    return values
+
+
+def profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def add_values_arguments(parser: argparse.ArgumentParser) -> None:
+    """--profile and -f/--values, as `render` and `preflight` take them."""
+    parser.add_argument("--profile", choices=profiles(), help="a values profile from the chart")
+    parser.add_argument("-f", "--values", type=Path, action="append", default=[])
+
+
+def values_files(args: argparse.Namespace) -> list[Path]:
+    files: list[Path] = [PROFILES_DIR / f"{args.profile}.yaml"] if args.profile else []
+    files += args.values
+    for path in files:
+        if not path.is_file():
+            raise UserError(f"values file {path} not found")
+    return files

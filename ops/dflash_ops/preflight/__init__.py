@@ -1,0 +1,1 @@
+"""`dflash-serve preflight`'s checks of a cluster before `helm install`."""
