@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
-from dflash_sidecar.exposition import (
+from dflash_sidecar.metrics_parser import (
     ACCEPTED_PER_POS,
     GENERATION_TOKENS,
     SPEC_COUNTERS,

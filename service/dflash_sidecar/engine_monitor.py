@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from dflash_sidecar import exposition
+from dflash_sidecar import metrics_parser
 from dflash_sidecar.acceptance_window import (
     AcceptanceWindow,
     Delta,
@@ -31,8 +31,8 @@ from dflash_sidecar.acceptance_window import (
     acceptance_ratios,
 )
 from dflash_sidecar.engine_state import EngineState, EngineStateTracker
-from dflash_sidecar.exposition import SeriesKey
 from dflash_sidecar.log_limiter import LogLimiter
+from dflash_sidecar.metrics_parser import SeriesKey
 from dflash_sidecar.models import (
     EngineLiveness,
     Readiness,
@@ -125,7 +125,7 @@ class EngineMonitor:
 
     def ingest(self, text: str, now: float) -> None:
         """Parse one exposition and advance the windows (the hot path the benchmark times)."""
-        parsed = exposition.parse(text)
+        parsed = metrics_parser.parse(text)
         if parsed.errors:
             self.scrapes.parse_errors += len(parsed.errors)
             self.logs.log(

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflash_ops.chart.generated_files import engine_argv
-from dflash_ops.chart.helm import helm_template
+from dflash_ops.chart.helm import engine_args_in_render, helm_template
 from dflash_ops.paths import PROFILES_DIR
 
 from tests.conftest import REPO_ROOT
@@ -48,11 +47,11 @@ def test_every_rendered_command_line_is_accepted_by_vllm_033(
     tmp_path: Path,
 ) -> None:
     cases = [
-        {"name": p.stem, "argv": engine_argv(helm_template([p], [], "dflash", "llm"))}
+        {"name": p.stem, "argv": engine_args_in_render(helm_template([p], [], "dflash", "llm"))}
         for p in sorted(PROFILES_DIR.glob("*.yaml"))
     ]
     cases += [
-        {"name": name, "argv": engine_argv(helm_template([], sets, "dflash", "llm"))}
+        {"name": name, "argv": engine_args_in_render(helm_template([], sets, "dflash", "llm"))}
         for name, sets in VARIANTS.items()
     ]
     # The probe can fail: command lines vLLM 0.33.0 refuses, each for a different reason.

@@ -73,11 +73,11 @@ def check(argv: list[str], target: str) -> str:
 
 
 def main() -> None:
-    from dflash_ops.plan import vllm_engine
+    from dflash_ops.plan.vllm_engine import runtime
 
     # The Qwen4Exp model classes need GPU kernels to import; the planner's stand-in carries
     # the same config hooks (vllm_engine documents what it reproduces).
-    v = vllm_engine._vllm()
+    v = runtime.vllm_modules()
     for architecture in ("Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP"):
         v["ModelRegistry"].register_model(architecture, v["Qwen4ExpForPlanning"])
     target = local_target()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from dflash_ops.bench.client import Endpoint
-from dflash_ops.local import stack
+from dflash_ops.local import stack, supervisor
 from dflash_ops.loopback import free_port
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.settings import SidecarSettings
@@ -230,13 +230,13 @@ def test_a_killed_api_server_is_noticed_cleaned_up_and_restarted(
     )
     assert time.monotonic() - started < 2 * interval + 3
     assert readiness["reason"].startswith("engine down for") and "/health" in readiness["reason"]
-    eventually(lambda: not stack._alive(engine), 10, "the API server gone")
+    eventually(lambda: not supervisor.alive(engine), 10, "the API server gone")
     row = next(r for r in stack.status(local_stack.config.state_dir) if r["name"] == "engine")
     assert not row["running"]
     # `local up` again: the engine's leftovers are stopped, the engine restarted, the rest kept.
     restarted = stack.up(local_stack.config)
     local_stack.processes[:] = restarted.processes
-    assert stack.group_members(engine) == []
+    assert supervisor.group_members(engine) == []
     assert next(p.pid for p in restarted.processes if p.name == "sidecar") == sidecar_pid
     eventually(lambda: get_json(f"{sidecar}/readyz")["ready"], 900, "readiness after the restart")
 

@@ -51,14 +51,14 @@ def method_gate(method: str) -> dict[str, Any]:
 
 
 def config_gate(draft_dir: str, k: int, method: str = "dflash") -> dict[str, Any]:
-    from dflash_ops.plan import vllm_engine
     from dflash_ops.plan.checkpoint import load_checkpoint
+    from dflash_ops.plan.vllm_engine import runtime
     from vllm.config import CacheConfig, ParallelConfig, VllmConfig
     from vllm.config.speculative import SpeculativeConfig
 
-    vllm_engine._vllm()
+    runtime.vllm_modules()
     ckpt = load_checkpoint()
-    model_config = copy.deepcopy(vllm_engine._model_config(ckpt.source, ckpt.architecture))
+    model_config = copy.deepcopy(runtime.checkpoint_model_config(ckpt.source, ckpt.architecture))
     parallel_config = ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True)
     try:
         speculative = SpeculativeConfig(
@@ -90,10 +90,11 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
     from dflash_ops.plan.checkpoint import load_checkpoint
     from dflash_ops.plan.gpus import gpu_profile
     from dflash_ops.plan.model import BlockSizeInputs
+    from dflash_ops.plan.vllm_engine import runtime
     from vllm.config.vllm import set_current_vllm_config
     from vllm.models.qwen4_exp.common.qsa_cache import QSAKeyStateCache
 
-    v = vllm_engine._vllm()
+    v = runtime.vllm_modules()
     hook = _lift_block_size_hook()
     if hook is not None:
         v["Qwen4ExpForPlanning"].get_block_size_alignment_from_config = hook
@@ -122,7 +123,7 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
                     )
                     for i in qsa_layer_ids
                 ]
-            with vllm_engine._prefill_checkpoint_alignment(alignment):
+            with runtime.prefill_checkpoint_alignment(alignment):
                 v["PlanningPlatform"].update_block_size_for_backend(config)
             row["block_size"] = cache_config.block_size
             spec = rings[0].get_kv_cache_spec(config)
@@ -144,17 +145,16 @@ def block_size_grid(
     from dflash_ops.plan.checkpoint import load_checkpoint
     from dflash_ops.plan.gpus import gpu_profile
     from dflash_ops.plan.model import BlockSizeInputs
+    from dflash_ops.plan.vllm_engine import runtime
 
-    v = vllm_engine._vllm()
+    v = runtime.vllm_modules()
     hook = _lift_block_size_hook()
     if hook is not None:
         v["Qwen4ExpForPlanning"].get_block_size_alignment_from_config = hook
     ckpt = load_checkpoint()
     rows = []
     for gpu in gpus:
-        with vllm_engine._prefill_checkpoint_alignment(
-            gpu_profile(gpu).prefill_checkpoint_alignment
-        ):
+        with runtime.prefill_checkpoint_alignment(gpu_profile(gpu).prefill_checkpoint_alignment):
             for tp in tps:
                 for k in ks:
                     base = vllm_engine.build_vllm_config(ckpt, BlockSizeInputs(gpu=gpu, tp=tp, k=k))

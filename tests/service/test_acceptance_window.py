@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from dflash_sidecar import exposition
+from dflash_sidecar import metrics_parser
 from dflash_sidecar.acceptance_window import (
     RESTART_AFTER_INCONSISTENT,
     AcceptanceWindow,
@@ -33,7 +33,7 @@ def snap(
 
 
 def snapshot_of(text: str, at: float) -> Snapshot:
-    made = Snapshot.of(at, exposition.parse(text).series[KEY])
+    made = Snapshot.of(at, metrics_parser.parse(text).series[KEY])
     assert isinstance(made, Snapshot), made
     return made
 
@@ -138,7 +138,7 @@ def test_samples_that_cannot_be_trusted_are_refused(page_edit, problem: str) -> 
     c = Counters()
     c.step(500, [300, 200, 100, 50])
     page = page_edit(vllm_page(c))
-    sample = exposition.parse(page).series[KEY]
+    sample = metrics_parser.parse(page).series[KEY]
     assert Snapshot.of(0.0, sample) == SampleProblem(problem)
 
 

@@ -28,27 +28,68 @@
 {{- end }}
 {{- end -}}
 
+{{/* The container that runs vLLM code, by role: "server" runs `vllm serve` (the Deployment),
+"ray-head" starts Ray, waits for the workers, then runs `vllm serve` (ray-head.sh), and
+"ray-worker" only lends its GPUs (no command: KubeRay runs its own `ray start --block`).
+Call with (dict "root" $ "role" ROLE). */}}
 {{- define "dflash-serve.engineContainer" -}}
+{{- $role := .role -}}
+{{- with .root -}}
+{{- $d := .Values.distributed -}}
 {{- $tp := int (include "dflash-serve.gpusPerPod" .) -}}
-- name: vllm
+- name: {{ get (dict "server" "vllm" "ray-head" "ray-head" "ray-worker" "ray-worker") $role }}
   image: {{ include "dflash-serve.image" .Values.image.engine | quote }}
   imagePullPolicy: {{ .Values.image.engine.pullPolicy }}
+  {{- if eq $role "server" }}
   command: ["vllm", "serve"]
   args:
     {{- include "dflash-serve.engineArgs" . | nindent 4 }}
+  {{- else if eq $role "ray-head" }}
+  command: ["/bin/bash", "/etc/dflash-serve/ray/ray-head.sh"]
+  args:
+    - vllm
+    - serve
+    {{- include "dflash-serve.engineArgs" . | nindent 4 }}
+  {{- end }}
   env:
     {{- include "dflash-serve.engineEnv" . | nindent 4 }}
+    {{- if eq $role "ray-head" }}
+    - name: DFLASH_RAY_EXPECTED_NODES
+      value: {{ int $d.nodes | quote }}
+    - name: DFLASH_RAY_EXPECTED_GPUS
+      value: {{ mul (int $d.nodes) (int $d.gpusPerNode) | quote }}
+    - name: DFLASH_RAY_JOIN_TIMEOUT_S
+      value: {{ int $d.joinTimeoutSeconds | quote }}
+    {{- end }}
+  {{- if ne $role "ray-worker" }}
   ports:
     - name: http
       containerPort: {{ .Values.engine.port }}
       protocol: TCP
-  # vLLM binds its port only once the weights are loaded: the startup probe carries the cold load.
+    {{- if eq $role "ray-head" }}
+    - name: gcs
+      containerPort: 6379
+      protocol: TCP
+    - name: dashboard
+      containerPort: 8265
+      protocol: TCP
+    - name: client
+      containerPort: 10001
+      protocol: TCP
+    {{- end }}
+  # vLLM binds its port only once the weights are loaded: the startup probe carries the cold load
+  # (on the Ray head, after every worker has joined).
   startupProbe:
     httpGet:
       path: /health
       port: http
     periodSeconds: {{ .Values.probes.startup.periodSeconds }}
-    failureThreshold: {{ .Values.probes.startup.failureThreshold }}
+    {{- $failures := int .Values.probes.startup.failureThreshold }}
+    {{- if eq $role "ray-head" }}
+    {{- $period := int .Values.probes.startup.periodSeconds }}
+    {{- $failures = add $failures (div (add (int $d.joinTimeoutSeconds) (sub $period 1)) $period) }}
+    {{- end }}
+    failureThreshold: {{ $failures }}
   # Liveness and readiness are answered by the sidecar (same network namespace, so its port
   # number reaches it; a port *name* would only resolve among this container's own ports).
   # /livez/engine fails when /health has failed, or the engine answered /health without
@@ -69,6 +110,7 @@
     periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
     failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
     timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
+  {{- end }}
   resources:
     {{- $res := deepCopy .Values.resources.engine }}
     {{- $_ := set $res "requests" (merge (dict .Values.gpu.resourceName $tp) ($res.requests | default dict)) }}
@@ -89,6 +131,12 @@
     - name: dshm
       mountPath: /dev/shm
     {{- end }}
+    {{- if eq $role "ray-head" }}
+    - name: ray-scripts
+      mountPath: /etc/dflash-serve/ray
+      readOnly: true
+    {{- end }}
+{{- end -}}
 {{- end -}}
 
 {{- define "dflash-serve.sidecarContainer" -}}

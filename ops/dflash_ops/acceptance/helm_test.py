@@ -17,7 +17,7 @@ import sys
 import time
 
 import httpx
-from dflash_sidecar import exposition
+from dflash_sidecar import metrics_parser
 
 WEATHER_TOOL = {
     "type": "function",
@@ -102,7 +102,7 @@ def total_drafts(client: httpx.Client, pods: list[str]) -> float:
         reply = client.get(f"{base}/metrics")
         if reply.status_code != 200:
             raise CheckFailed(f"{base}/metrics answered {reply.status_code}")
-        samples = [s for s in exposition.parse(reply.text).series.values() if s.has_spec_decode]
+        samples = [s for s in metrics_parser.parse(reply.text).series.values() if s.has_spec_decode]
         if not samples:
             raise CheckFailed(f"{base} exports no vllm:spec_decode_* counters")
         total += sum(s.drafts for s in samples)

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from dflash_sidecar import exposition
+from dflash_sidecar import metrics_parser
 
 from dflash_ops.errors import UserError
 
@@ -121,15 +121,15 @@ class Endpoint:
         status, text = await self._get("/metrics")
         return text if status == 200 else None
 
-    async def counters(self) -> exposition.SeriesSample | None:
+    async def counters(self) -> metrics_parser.SeriesSample | None:
         """Speculative counters summed over every series; None if the server has none."""
         text = await self.metrics_text()
         if text is None:
             return None
-        samples = [s for s in exposition.parse(text).series.values() if s.has_spec_decode]
+        samples = [s for s in metrics_parser.parse(text).series.values() if s.has_spec_decode]
         if not samples:
             return None
-        total = exposition.SeriesSample(has_spec_decode=True)
+        total = metrics_parser.SeriesSample(has_spec_decode=True)
         for s in samples:
             total.drafts += s.drafts
             total.draft_tokens += s.draft_tokens

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dflash_sidecar.acceptance_window import acceptance_ratios
-from dflash_sidecar.exposition import SeriesSample
+from dflash_sidecar.metrics_parser import SeriesSample
 
 from dflash_ops.bench.client import Endpoint, RequestRecord
 from dflash_ops.bench.prompts import Prompt, build, fixed_prompts

@@ -93,14 +93,14 @@ def time_cycles(cycles: int, interval_s: float) -> tuple[int, list[float]]:
 
 def time_parsers(rounds: int = 50) -> tuple[float, float]:
     """p50 ms of the sidecar's parser and of prometheus_client's on the same large page."""
-    from dflash_sidecar import exposition
+    from dflash_sidecar import metrics_parser
     from prometheus_client.parser import text_string_to_metric_families
 
     text = large_exposition()
     ours, theirs = [], []
     for _ in range(rounds):
         started = time.perf_counter()
-        exposition.parse(text)
+        metrics_parser.parse(text)
         ours.append(time.perf_counter() - started)
         started = time.perf_counter()
         list(text_string_to_metric_families(text))

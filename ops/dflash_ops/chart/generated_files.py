@@ -22,7 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from dflash_ops.chart.helm import EXAMPLE_NAMESPACE, EXAMPLE_RELEASE, helm_template
+from dflash_ops.chart.helm import (
+    EXAMPLE_NAMESPACE,
+    EXAMPLE_RELEASE,
+    engine_args_in_render,
+    helm_template,
+)
 from dflash_ops.chart.values import chart_values, profiles
 from dflash_ops.paths import CHART_FILES_DIR, EXAMPLES_DIR, PROFILES_DIR, README
 from dflash_ops.plan import closed_form
@@ -76,22 +81,6 @@ def render_block_sizes() -> str:
     return header + yaml.safe_dump(block_size_table(), sort_keys=True, width=100)
 
 
-def engine_argv(rendered: str) -> list[str]:
-    """The arguments after `vllm serve` of the one engine a chart render starts."""
-    for doc in yaml.safe_load_all(rendered):
-        if not doc:
-            continue
-        if doc["kind"] == "Deployment":
-            container = doc["spec"]["template"]["spec"]["containers"][0]
-            assert container["command"] == ["vllm", "serve"]
-            return list(container["args"])
-        if doc["kind"] == "RayCluster":
-            container = doc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-            assert container["args"][:2] == ["vllm", "serve"]
-            return list(container["args"][2:])
-    raise ValueError("no engine in the render")
-
-
 def capacity_key(
     model: str,
     gpu: str,
@@ -112,7 +101,7 @@ def capacity_entry(profile: Path | None) -> tuple[str, dict[str, object]]:
     from dflash_ops.plan.planner import make_plan
 
     values = chart_values([profile] if profile else [])
-    argv = engine_argv(helm_template([profile] if profile else [], [], "t", "default"))
+    argv = engine_args_in_render(helm_template([profile] if profile else [], [], "t", "default"))
 
     def after(flag: str, default: str) -> str:
         return argv[argv.index(flag) + 1] if flag in argv else default

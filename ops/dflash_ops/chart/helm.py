@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from dflash_ops.errors import UserError
 from dflash_ops.paths import CHART_DIR, TOOLS_BIN
 
@@ -43,3 +45,19 @@ def helm_template(
         ]
         raise UserError("the chart refused these values:\n  " + "\n  ".join(errors))
     return result.stdout
+
+
+def engine_args_in_render(rendered: str) -> list[str]:
+    """The arguments after `vllm serve` of the one engine a chart render starts."""
+    for doc in yaml.safe_load_all(rendered):
+        if not doc:
+            continue
+        if doc["kind"] == "Deployment":
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            assert container["command"] == ["vllm", "serve"]
+            return list(container["args"])
+        if doc["kind"] == "RayCluster":
+            container = doc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+            assert container["args"][:2] == ["vllm", "serve"]
+            return list(container["args"][2:])
+    raise ValueError("no engine in the render")

@@ -7,18 +7,14 @@ duplicates and `down` never signals a stranger.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -26,10 +22,21 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from dflash_ops.errors import UserError
+from dflash_ops.local.supervisor import (
+    ProcessRecord,
+    alive,
+    check_port_free,
+    group_members,
+    http_ok,
+    say,
+    spawn,
+    stop_process,
+    wait_ready,
+)
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
 from dflash_ops.paths import RULES_DIR
 
-SpecMethod = Literal["draft_model", "ngram", "off"]
+LocalSpecMethod = Literal["draft_model", "ngram", "off"]
 SERVED_MODEL = "tiny"
 # The URL path that answers 200 once each component is ready.
 READY_PATHS = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}
@@ -41,7 +48,7 @@ class StackConfig(BaseModel):
     engine_port: int = 8000
     sidecar_port: int = 9100
     prometheus_port: int = 9090
-    method: SpecMethod = "draft_model"
+    method: LocalSpecMethod = "draft_model"
     num_speculative_tokens: int = Field(default=4, ge=1, le=15)
     draft_noise: float = Field(default=0.05, ge=0.0)
     prometheus: bool = True
@@ -64,56 +71,9 @@ class StackConfig(BaseModel):
         return self.models_dir / f"draft-noise{self.draft_noise:g}"
 
 
-class ProcessRecord(BaseModel):
-    name: str
-    pid: int
-    url: str
-    log: str
-    argv: list[str]
-
-
 class StackState(BaseModel):
     config: StackConfig
     processes: list[ProcessRecord]
-
-
-def _say(message: str) -> None:
-    print(f"[local] {message}", file=sys.stderr, flush=True)
-
-
-def _alive(record: ProcessRecord) -> bool:
-    """The component's own process (the group leader) runs the recorded command line."""
-    try:
-        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return [c.decode(errors="replace") for c in cmdline if c] == record.argv
-
-
-def group_members(record: ProcessRecord) -> list[int]:
-    """Live processes of the component's process group (its session), the leader included:
-    vLLM's engine core and workers outlive an API server killed with SIGKILL."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(record.pid) and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return bool(reply.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _state_path(state_dir: Path) -> Path:
@@ -140,10 +100,10 @@ def _save_state(state: StackState) -> None:
 
 def ensure_models(config: StackConfig) -> None:
     if not (config.target_dir / "model.safetensors").is_file():
-        _say(f"building the tiny target model in {config.target_dir} (tokenizer + random weights)")
+        say(f"building the tiny target model in {config.target_dir} (tokenizer + random weights)")
         build_target(config.target_dir, TinyModelSpec())
     if config.method == "draft_model" and not (config.draft_dir / "model.safetensors").is_file():
-        _say(f"building the draft: target + noise {config.draft_noise:g} x std")
+        say(f"building the draft: target + noise {config.draft_noise:g} x std")
         build_draft(config.target_dir, config.draft_dir, config.draft_noise)
 
 
@@ -190,55 +150,6 @@ def engine_argv(config: StackConfig) -> list[str]:
     return argv
 
 
-def _spawn(
-    name: str, argv: list[str], url: str, config: StackConfig, env: dict[str, str] | None = None
-) -> ProcessRecord:
-    log_path = config.state_dir / f"{name}.log"
-    cwd = None
-    if name == "engine":  # engine_argv names the draft relative to the models directory
-        cwd = config.models_dir
-        cwd.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=cwd,
-            env=os.environ | (env or {}),
-        )
-    record = ProcessRecord(name=name, pid=process.pid, url=url, log=str(log_path), argv=argv)
-    # /proc shows the command line only once exec has finished; wait for it (or for an exit).
-    deadline = time.monotonic() + 5
-    while not _alive(record) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return record
-
-
-def _wait(record: ProcessRecord, ready: Callable[[], bool], timeout: float, what: str) -> None:
-    started = time.monotonic()
-    last_report = 0.0
-    while not ready():
-        elapsed = time.monotonic() - started
-        if not _alive(record):
-            tail = Path(record.log).read_text(errors="replace").splitlines()[-15:]
-            raise UserError(
-                f"{record.name} exited while {what}; last log lines:\n  " + "\n  ".join(tail)
-            )
-        if elapsed > timeout:
-            raise UserError(
-                f"{record.name} not ready after {timeout:.0f}s ({what}); see {record.log}"
-            )
-        if elapsed - last_report >= 10:
-            last_report = elapsed
-            lines = Path(record.log).read_text(errors="replace").splitlines()
-            last = lines[-1][:110] if lines else ""
-            _say(f"{what}: {elapsed:.0f}s  {last}")
-        time.sleep(1.0)
-    _say(f"{record.name} ready after {time.monotonic() - started:.0f}s at {record.url}")
-
-
 def prometheus_config(config: StackConfig) -> Path:
     path = config.state_dir / "prometheus.yml"
     path.write_text(
@@ -254,17 +165,6 @@ def prometheus_config(config: StackConfig) -> Path:
         "        labels: {namespace: local, pod: local-0, release: local, role: speculative}\n"
     )
     return path
-
-
-def _check_port_free(host: str, port: int, what: str, flag: str) -> None:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            raise UserError(
-                f"port {port} ({what}) is in use by another process: stop it or pass {flag}"
-            ) from None
 
 
 # The vLLM CPU engine's shared-memory broadcast ring between its API server and engine core
@@ -287,7 +187,7 @@ def _check_shared_memory(shm: Path = Path("/dev/shm")) -> None:
 
 def _engine_ready(record: ProcessRecord) -> bool:
     """Our engine answers: /health 200 and /v1/models lists our model (not a stranger's)."""
-    if not _http_ok(record.url + READY_PATHS["engine"]):
+    if not http_ok(record.url + READY_PATHS["engine"]):
         return False
     try:
         with urllib.request.urlopen(record.url + "/v1/models", timeout=2) as reply:
@@ -301,7 +201,7 @@ def _ready(record: ProcessRecord) -> bool:
     """The component answers its readiness path (the engine: and serves our model)."""
     if record.name == "engine":
         return _engine_ready(record)
-    return _http_ok(record.url + READY_PATHS[record.name])
+    return http_ok(record.url + READY_PATHS[record.name])
 
 
 def up(config: StackConfig) -> StackState:
@@ -315,19 +215,19 @@ def up(config: StackConfig) -> StackState:
                 "a local stack with another configuration is running in "
                 f"{config.state_dir}: `dflash-serve local down` first, then `local up` again"
             )
-        dead = [p.name for p in state.processes if not _alive(p)]
+        dead = [p.name for p in state.processes if not alive(p)]
         if not dead and len(state.processes) == len(_wanted(config)):
             running = ", ".join(f"{p.name} (pid {p.pid})" for p in state.processes)
-            _say(f"already running: {running}")
+            say(f"already running: {running}")
             return state
-        _say(f"restarting what is not running: {', '.join(dead) or 'missing parts'}")
+        say(f"restarting what is not running: {', '.join(dead) or 'missing parts'}")
     try:
         return _start(config, state)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _say("interrupted: stopping what was started...")
+        say("interrupted: stopping what was started...")
         down(config.state_dir, quiet=True)
-        _say("stopped")
+        say("stopped")
         raise UserError("interrupted; nothing of the stack is left running") from None
 
 
@@ -338,40 +238,49 @@ def _wanted(config: StackConfig) -> list[str]:
     return names
 
 
-def _start(config: StackConfig, previous: StackState | None) -> StackState:
-    kept = {p.name: p for p in (previous.processes if previous else []) if _alive(p)}
-    for record in previous.processes if previous else []:
-        if record.name not in kept:
-            stop_process(record)  # leftovers of a dead component (e.g. its engine core)
-    state = StackState(config=config, processes=[])
+@dataclass(frozen=True)
+class Component:
+    """One process of the stack: how to start it and how to tell it is ready."""
+
+    name: str
+    argv: list[str]
+    url: str
+    port: int
+    port_flag: str  # the `local up` flag that moves it to another port
+    timeout_s: float
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+
+
+def _components(config: StackConfig) -> list[Component]:
     engine_url = f"http://127.0.0.1:{config.engine_port}"
-    sidecar_url = f"http://127.0.0.1:{config.sidecar_port}"
-    prom_url = f"http://127.0.0.1:{config.prometheus_port}"
-    components: list[tuple[str, list[str], str, int, str, dict[str, str] | None]] = [
-        (
+    components = [
+        Component(
             "engine",
             engine_argv(config),
             engine_url,
             config.engine_port,
             "--engine-port",
-            {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
+            config.engine_timeout_s,
+            env={"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
+            cwd=config.models_dir,  # engine_argv names the draft relative to it
         ),
-        (
+        Component(
             "sidecar",
             [
                 sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", engine_url,
                 "--host", "127.0.0.1", "--port", str(config.sidecar_port), "--log-level", "warning",
             ],
-            sidecar_url,
+            f"http://127.0.0.1:{config.sidecar_port}",
             config.sidecar_port,
             "--sidecar-port",
-            None,
+            120.0,
         ),
     ]  # fmt: skip
     prometheus_bin = shutil.which("prometheus")
     if config.prometheus and prometheus_bin:
         components.append(
-            (
+            Component(
                 "prometheus",
                 [
                     prometheus_bin,
@@ -379,35 +288,53 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
                     f"--storage.tsdb.path={config.state_dir / 'prometheus-data'}",
                     f"--web.listen-address={config.host}:{config.prometheus_port}",
                 ],
-                prom_url,
+                f"http://127.0.0.1:{config.prometheus_port}",
                 config.prometheus_port,
                 "--prometheus-port",
-                None,
+                60.0,
             )
         )
     elif config.prometheus:
-        _say("prometheus is not installed: skipping it (apt-get install prometheus)")
-    timeouts = {"engine": config.engine_timeout_s, "sidecar": 120.0, "prometheus": 60.0}
-    for name, _, _, port, flag, _ in components:
-        if name not in kept:  # before anything starts: a stranger on a port is not our engine
-            _check_port_free(config.host, port, name, flag)
+        say("prometheus is not installed: skipping it (apt-get install prometheus)")
+    return components
+
+
+def _start(config: StackConfig, previous: StackState | None) -> StackState:
+    kept = {p.name: p for p in (previous.processes if previous else []) if alive(p)}
+    for record in previous.processes if previous else []:
+        if record.name not in kept:
+            stop_process(record)  # leftovers of a dead component (e.g. its engine core)
+    state = StackState(config=config, processes=[])
+    components = _components(config)
+    for component in components:
+        if component.name not in kept:  # before anything starts: a stranger is not our engine
+            check_port_free(config.host, component.port, component.name, component.port_flag)
     if "engine" not in kept:
         _check_shared_memory()
     ensure_models(config)
     try:
-        for name, argv, url, _, _, env in components:
-            if name in kept:
-                state.processes.append(kept[name])
+        for component in components:
+            if component.name in kept:
+                state.processes.append(kept[component.name])
                 continue
-            if name == "engine":
-                _say(
+            if component.name == "engine":
+                say(
                     f"starting the vLLM CPU engine ({config.method}, "
                     f"k={config.num_speculative_tokens})"
                 )
-            record = _spawn(name, argv, url, config, env=env)
+            record = spawn(
+                component.name,
+                component.argv,
+                component.url,
+                config.state_dir / f"{component.name}.log",
+                cwd=component.cwd,
+                env=component.env,
+            )
             state.processes.append(record)
             _save_state(state)
-            _wait(record, partial(_ready, record), timeouts[name], f"{name} starting")
+            wait_ready(
+                record, partial(_ready, record), component.timeout_s, f"{component.name} starting"
+            )
         _save_state(state)
     except BaseException:
         down(config.state_dir, quiet=True)
@@ -419,7 +346,7 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
     state = load_state(state_dir)
     if state is None:
         if not quiet:
-            _say(f"nothing running (no {_state_path(state_dir)})")
+            say(f"nothing running (no {_state_path(state_dir)})")
         return []
     stopped = []
     for record in reversed(state.processes):
@@ -430,7 +357,7 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
                 extra = len([p for p in members if p != record.pid])
                 also = f" and {extra} process(es) it started" if extra else ""
                 leader = "" if record.pid in members else ", already exited"
-                _say(f"stopped {record.name} (pid {record.pid}{leader}){also}")
+                say(f"stopped {record.name} (pid {record.pid}{leader}){also}")
     survivors = {r.name: group_members(r) for r in state.processes}
     left = {name: pids for name, pids in survivors.items() if pids}
     if left:
@@ -443,22 +370,6 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
     return stopped
 
 
-def stop_process(record: ProcessRecord, grace_s: float = 30.0) -> bool:
-    """SIGTERM the component's process group, SIGKILL what is left after `grace_s`; False if
-    nothing of it was running. The group is stopped whenever any member survives."""
-    if not group_members(record):
-        return False
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, sig)
-        deadline = time.monotonic() + wait_s
-        while group_members(record) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not group_members(record):
-            break
-    return True
-
-
 def status(state_dir: Path) -> list[dict[str, object]]:
     state = load_state(state_dir)
     if state is None:
@@ -466,15 +377,15 @@ def status(state_dir: Path) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for record in state.processes:
         probe = READY_PATHS[record.name]
-        alive = _alive(record)
+        running = alive(record)
         members = group_members(record)
         rows.append(
             {
                 "name": record.name,
                 "pid": record.pid,
-                "running": alive,
+                "running": running,
                 "leftover_processes": [p for p in members if p != record.pid],
-                "healthy": alive and _http_ok(record.url + probe),
+                "healthy": running and http_ok(record.url + probe),
                 "url": record.url,
                 "log": record.log,
             }
@@ -492,11 +403,11 @@ def wait_in_foreground(state: StackState) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    _say("running in the foreground; Ctrl-C stops the stack")
+    say("running in the foreground; Ctrl-C stops the stack")
     while not stop:
-        dead = [p.name for p in state.processes if not _alive(p)]
+        dead = [p.name for p in state.processes if not alive(p)]
         if dead:
-            _say(f"{', '.join(dead)} exited; stopping the stack")
+            say(f"{', '.join(dead)} exited; stopping the stack")
             break
         time.sleep(1)
     down(state.config.state_dir)

@@ -22,6 +22,7 @@ from dflash_ops.plan.kv_capacity import (
     KvCapacity,
 )
 from dflash_ops.plan.model import MAX_K, BlockSizeInputs, BlockSizePlan, KvCacheDtype, SpecMethod
+from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION
 
 EngineName = Literal["auto", "vllm", "closed-form"]
 Engine = Callable[[HybridCheckpoint, BlockSizeInputs], BlockSizePlan]
@@ -65,7 +66,7 @@ def select_engine(name: EngineName) -> tuple[str, Engine, Capacity]:
         return "vllm", vllm_engine.plan_block_size, vllm_engine.kv_capacity
     if name == "vllm":
         raise UserError(
-            f"--engine vllm needs vllm=={vllm_engine.REQUIRED_VLLM_VERSION} importable "
+            f"--engine vllm needs vllm=={REQUIRED_VLLM_VERSION} importable "
             "(run in .venv-vllm033, or use --engine closed-form)"
         )
     return "closed-form", closed_form.plan_block_size, kv_capacity_closed_form.kv_capacity

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from dflash_ops.errors import UserError
-from dflash_ops.local import stack
+from dflash_ops.local import stack, supervisor
 from dflash_ops.loopback import free_port
 
 
@@ -21,13 +21,13 @@ def config(tmp_path: Path, **overrides: object) -> stack.StackConfig:
     return stack.StackConfig.model_validate(values)
 
 
-def spawn_family(cfg: stack.StackConfig, name: str = "engine") -> stack.ProcessRecord:
+def spawn_family(cfg: stack.StackConfig, name: str = "engine") -> supervisor.ProcessRecord:
     """A component whose leader starts two children, like vLLM's API server and engine core."""
     argv = [sys.executable, "-c", "import subprocess, time; "
             "[subprocess.Popen(['sleep', '300']) for _ in range(2)]; time.sleep(300)"]  # fmt: skip
-    record = stack._spawn(name, argv, "http://127.0.0.1:1", cfg)
+    record = supervisor.spawn(name, argv, "http://127.0.0.1:1", cfg.state_dir / f"{name}.log")
     deadline = time.monotonic() + 10
-    while len(stack.group_members(record)) < 3:
+    while len(supervisor.group_members(record)) < 3:
         assert time.monotonic() < deadline, "children did not start"
         time.sleep(0.05)
     return record
@@ -39,15 +39,15 @@ def test_down_stops_what_outlives_a_killed_leader(tmp_path: Path) -> None:
     stack._save_state(stack.StackState(config=cfg, processes=[record]))
     os.kill(record.pid, signal.SIGKILL)  # the API server dies; its engine core and worker stay
     deadline = time.monotonic() + 5
-    while stack._alive(record):
+    while supervisor.alive(record):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    leftovers = stack.group_members(record)
+    leftovers = supervisor.group_members(record)
     assert len(leftovers) == 2
     row = stack.status(tmp_path)[0]
     assert not row["running"] and row["leftover_processes"] == leftovers
     assert stack.down(tmp_path) == ["engine"]
-    assert stack.group_members(record) == []
+    assert supervisor.group_members(record) == []
     assert not (tmp_path / "state.json").exists()
 
 

@@ -1,57 +1,5 @@
-{{/* All helpers live in the dflash-serve.* namespace. */}}
-
-{{- define "dflash-serve.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
-
-{{- define "dflash-serve.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
-{{- end -}}
-
-{{- define "dflash-serve.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "dflash-serve.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-{{- end -}}
-
-{{/* The pods that serve the API (not Ray workers): what the Service, PDB and monitors select. */}}
-{{- define "dflash-serve.engineSelectorLabels" -}}
-{{ include "dflash-serve.selectorLabels" . }}
-dflash-serve.io/component: engine
-{{- end -}}
-
-{{- define "dflash-serve.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-{{ include "dflash-serve.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: dflash-serve
-dflash-serve.io/role: {{ .Values.role }}
-{{- end -}}
-
-{{- define "dflash-serve.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create -}}
-{{- default (include "dflash-serve.fullname" .) .Values.serviceAccount.name -}}
-{{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
-{{- end -}}
-{{- end -}}
-
-{{/* The model-cache claim. A ReadWriteMany cache gets its own name: a claim's access modes are
-immutable, so a single-node -> Ray upgrade creates a new claim instead of failing to patch the
-old one (which `helm.sh/resource-policy: keep` leaves in place). */}}
-{{- define "dflash-serve.cacheClaim" -}}
-{{- if .Values.modelCache.existingClaim -}}
-{{- .Values.modelCache.existingClaim -}}
-{{- else if has "ReadWriteMany" .Values.modelCache.accessModes -}}
-{{- printf "%s-model-cache-rwx" (include "dflash-serve.fullname" .) -}}
-{{- else -}}
-{{- printf "%s-model-cache" (include "dflash-serve.fullname" .) -}}
-{{- end -}}
-{{- end -}}
+{{/* The engine: parallel sizes, k, the block size and its rule, the speculative config, the
+arguments of `vllm serve`. */}}
 
 {{/* Where the Hugging Face and vLLM caches live: the model cache, else the /tmp emptyDir
 (uid 1000 cannot write to an unmounted path). */}}
@@ -154,51 +102,6 @@ land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_size
 {{- end -}}
 {{- end -}}
 
-{{- define "dflash-serve.validate" -}}
-{{- $method := .Values.speculative.method -}}
-{{- if not (has $method (list "dflash" "mtp" "ngram" "off")) -}}
-{{- fail (printf "speculative.method %q is unknown: use dflash, mtp, ngram or off" $method) -}}
-{{- end -}}
-{{- if and (eq $method "dflash") (not .Values.speculative.draftModel) -}}
-{{- fail "speculative.method is dflash but speculative.draftModel is empty: set the DFlash2 draft (Hugging Face id or path on the model cache)" -}}
-{{- end -}}
-{{- if and (ne $method "off") (lt (int .Values.speculative.numSpeculativeTokens) 1) -}}
-{{- fail "speculative.numSpeculativeTokens must be at least 1 (or set speculative.method: off)" -}}
-{{- end -}}
-{{- if .Values.distributed.enabled -}}
-{{- $d := .Values.distributed -}}
-{{- if ne (int $d.pipelineParallelSize) 1 -}}
-{{- fail (printf "distributed.pipelineParallelSize %d is not supported: vLLM 0.33.0 requires pipeline_parallel_size 1 for Qwen4Exp (its PLE n-gram embedding needs the raw input_ids on every rank, and its sequence-parallel MoE needs PP=1). Scale out with the tensor layout (TP across nodes) or the data layout (DP with expert parallelism)." (int $d.pipelineParallelSize)) -}}
-{{- end -}}
-{{- if not (has $d.layout (list "tensor" "data")) -}}
-{{- fail (printf "distributed.layout %q is unknown: use tensor (TP across nodes) or data (DP + EP across nodes)" $d.layout) -}}
-{{- end -}}
-{{- $gpus := mul (int $d.nodes) (int $d.gpusPerNode) -}}
-{{- if lt (int $d.nodes) 2 -}}
-{{- fail "distributed.nodes must be at least 2 (one node needs no Ray cluster: set distributed.enabled: false)" -}}
-{{- end -}}
-{{- if and .Values.modelCache.enabled (not .Values.modelCache.existingClaim) (not (has "ReadWriteMany" .Values.modelCache.accessModes)) -}}
-{{- fail "distributed serving mounts the model cache on every node: set modelCache.accessModes to [ReadWriteMany] (an RWX StorageClass), or modelCache.existingClaim to an RWX claim" -}}
-{{- end -}}
-{{- if and (eq $d.layout "data") (ne $gpus (mul (int .Values.engine.tensorParallelSize) (int $d.dataParallelSize))) -}}
-{{- fail (printf "distributed data layout: distributed.dataParallelSize %d x engine.tensorParallelSize %d must equal distributed.nodes %d x distributed.gpusPerNode %d" (int $d.dataParallelSize) (int .Values.engine.tensorParallelSize) (int $d.nodes) (int $d.gpusPerNode)) -}}
-{{- end -}}
-{{- end -}}
-{{- $shared := or .Values.modelCache.existingClaim (has "ReadWriteMany" .Values.modelCache.accessModes) -}}
-{{- if and (not .Values.distributed.enabled) .Values.modelCache.enabled (not $shared) (or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled) -}}
-{{- fail (printf "%s with a ReadWriteOnce model cache: a second pod on another node can never attach the claim. Set modelCache.accessModes to [ReadWriteMany] (with an RWX StorageClass in modelCache.storageClass), or modelCache.existingClaim to a claim every replica can mount." (ternary "autoscaling.enabled" (printf "replicas %d" (int .Values.replicas)) .Values.autoscaling.enabled)) -}}
-{{- end -}}
-{{- if .Values.podDisruptionBudget.enabled -}}
-{{- $max := toString .Values.podDisruptionBudget.maxUnavailable -}}
-{{- if or (eq $max "0") (eq $max "0%") -}}
-{{- fail "podDisruptionBudget.maxUnavailable 0 blocks every node drain forever: use 1 (or a percentage above 0%), or set podDisruptionBudget.enabled: false" -}}
-{{- end -}}
-{{- end -}}
-{{- if not (has .Values.rollout.strategy (list "Recreate" "RollingUpdate")) -}}
-{{- fail (printf "rollout.strategy %q is unknown: use Recreate or RollingUpdate" .Values.rollout.strategy) -}}
-{{- end -}}
-{{- end -}}
-
 {{- define "dflash-serve.speculativeConfig" -}}
 {{- $method := .Values.speculative.method -}}
 {{- $k := int .Values.speculative.numSpeculativeTokens -}}
@@ -269,18 +172,4 @@ land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_size
 {{- range .Values.model.extraArgs }}
 - {{ . | quote }}
 {{- end }}
-{{- end -}}
-
-{{/* The headless Service that lists every serving pod. */}}
-{{- define "dflash-serve.podsService" -}}
-{{- printf "%s-pods" (include "dflash-serve.fullname" . | trunc 58 | trimSuffix "-") -}}
-{{- end -}}
-
-{{/* repository:tag, or repository@digest when a digest pins the image. */}}
-{{- define "dflash-serve.image" -}}
-{{- if .digest -}}
-{{- printf "%s@%s" .repository .digest -}}
-{{- else -}}
-{{- printf "%s:%s" .repository .tag -}}
-{{- end -}}
 {{- end -}}

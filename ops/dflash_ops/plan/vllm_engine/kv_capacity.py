@@ -1,38 +1,15 @@
-"""The exact planner engine: vLLM 0.33.0's own configuration and alignment code, on CPU.
-
-What runs is vLLM's: `ModelConfig`/`VllmConfig` built from the checkpoint config (including the
-Qwen4Exp config hooks that set the Mamba SSM dtype), `FullAttentionSpec`/`MambaSpec` page sizes,
-`MambaStateShapeCalculator`/`MambaStateDtypeCalculator`, and
-`Platform.update_block_size_for_backend` (backend preference, `_align_hybrid_block_size`, the
-post-alignment check). Three GPU-only pieces cannot import on a CPU and are stood in for, each
-reproducing the 0.33.0 source it replaces:
-
-- the model class (`vllm/models/qwen4_exp/nvidia/model.py` needs GPU kernels): a planning
-  class registered under the checkpoint's architecture whose `get_mamba_specs_from_config`
-  makes the same two `MambaSpec`s (GDN layers, PLE layer) with the same calculator calls;
-- the QSA attention backend (`nvidia/qsa.py`): a `FlashAttentionBackend` subclass with the same
-  `get_supported_kernel_block_sizes` (`MultipleOf(16)`), beside vLLM's real `QSAStateBackend`;
-- the layers' prefill-checkpoint alignment, which needs built layers: the GPU profile's value
-  (`dflash_ops.plan.gpus`), what `get_mamba_prefill_checkpoint_alignment` returns there.
-"""
+"""KV capacity from vLLM 0.33.0's own KV-cache planning, over every layer's KV spec."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import logging
-import os
-import tempfile
-from collections.abc import Iterator
 from functools import cache
-from math import lcm
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from dflash_ops.plan.checkpoint import HybridCheckpoint
 from dflash_ops.plan.draft import DraftProfile
-from dflash_ops.plan.gpus import QSA_KERNEL_BLOCK, gpu_profile
+from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.kv_capacity import (
     GIB,
     GROUP_OF,
@@ -43,250 +20,12 @@ from dflash_ops.plan.kv_capacity import (
     start_error,
 )
 from dflash_ops.plan.model import BlockSizeInputs, BlockSizePlan, SpecMethod
-
-REQUIRED_VLLM_VERSION = "0.33.0"
-
-
-def vllm_available() -> bool:
-    """True when the importable vLLM is exactly 0.33.0 (the CPU build is another version)."""
-    try:
-        from importlib.metadata import version
-
-        return version("vllm") == REQUIRED_VLLM_VERSION
-    except Exception:
-        return False
-
-
-@cache
-def _vllm() -> dict[str, Any]:
-    # The 0.33.0 GPU wheel picks no platform on a CPU-only host; the CPU platform lets its
-    # config classes build. Alignment below runs the base `Platform` code, not the CPU one.
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    import torch
-    from torch import nn
-    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, VllmConfig
-    from vllm.config.speculative import SpeculativeConfig
-    from vllm.model_executor.layers.mamba import abstract as mamba_abstract
-    from vllm.model_executor.layers.mamba.mamba_utils import (
-        MambaStateDtypeCalculator,
-        MambaStateShapeCalculator,
-    )
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.models.qwen4_exp.common.qsa_cache import QSAStateBackend
-    from vllm.platforms.interface import Platform
-    from vllm.v1.attention.backend import MultipleOf
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, get_kv_quant_mode
-
-    class QSABackendForPlanning(FlashAttentionBackend):
-        """Kernel block sizes of `Qwen4ExpQSAFlashAttentionBackend` (nvidia/qsa.py)."""
-
-        @staticmethod
-        def get_name() -> str:
-            return "QWEN4_EXP_QSA_TRITON"
-
-        @staticmethod
-        def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[Any]:
-            return [MultipleOf(QSA_KERNEL_BLOCK)]
-
-    backends = [QSABackendForPlanning, QSAStateBackend]
-
-    class PlanningPlatform(Platform):
-        @classmethod
-        def _find_non_ssm_backends(cls, vllm_config: Any) -> list[Any]:
-            return list(backends)
-
-    def gdn_spec(vllm_config: Any) -> Any:
-        hf = vllm_config.model_config.hf_text_config
-        cache_config = vllm_config.cache_config
-        num_spec = vllm_config.num_speculative_tokens
-        return MambaSpec(
-            shapes=MambaStateShapeCalculator.gated_delta_net_state_shape(
-                vllm_config.parallel_config.tensor_parallel_size,
-                hf.linear_num_key_heads,
-                hf.linear_num_value_heads,
-                hf.linear_key_head_dim,
-                hf.linear_value_head_dim,
-                hf.linear_conv_kernel_dim,
-                num_spec,
-            ),
-            dtypes=MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-                vllm_config.model_config.dtype,
-                cache_config.mamba_cache_dtype,
-                cache_config.mamba_ssm_cache_dtype,
-            ),
-            block_size=-1,
-        )
-
-    def ple_spec(vllm_config: Any) -> Any:
-        hf = vllm_config.model_config.hf_text_config
-        conv_state_len = (hf.ple_conv_kernel_size - 1) * hf.ngram_size
-        return MambaSpec(
-            shapes=MambaStateShapeCalculator.short_conv_state_shape(
-                tp_world_size=1,
-                intermediate_size=hf.hidden_size * hf.hc_count,
-                conv_kernel=conv_state_len + 1,
-                num_spec=vllm_config.num_speculative_tokens,
-            ),
-            dtypes=MambaStateDtypeCalculator.short_conv_state_dtype(
-                vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
-            ),
-            block_size=-1,
-            tp_replicated=True,
-        )
-
-    class Qwen4ExpForPlanning(nn.Module):
-        """Registry entry with the Qwen4Exp Mamba specs; never instantiated."""
-
-        is_hybrid = True
-        has_inner_state = True
-
-        def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-            raise RuntimeError("Qwen4ExpForPlanning only answers spec queries")
-
-        def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-            raise NotImplementedError
-
-        def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            raise NotImplementedError
-
-        def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            raise NotImplementedError
-
-        @classmethod
-        def get_mamba_specs_from_config(cls, vllm_config: Any) -> tuple[Any, ...]:
-            return (gdn_spec(vllm_config), ple_spec(vllm_config))
-
-    return {
-        "torch": torch,
-        "CacheConfig": CacheConfig,
-        "ModelConfig": ModelConfig,
-        "ParallelConfig": ParallelConfig,
-        "VllmConfig": VllmConfig,
-        "SpeculativeConfig": SpeculativeConfig,
-        "ModelRegistry": ModelRegistry,
-        "mamba_abstract": mamba_abstract,
-        "PlanningPlatform": PlanningPlatform,
-        "backends": backends,
-        "FullAttentionSpec": FullAttentionSpec,
-        "get_kv_quant_mode": get_kv_quant_mode,
-        "MultipleOf": MultipleOf,
-        "Qwen4ExpForPlanning": Qwen4ExpForPlanning,
-        "gdn_spec": gdn_spec,
-        "ple_spec": ple_spec,
-    }
-
-
-@contextlib.contextmanager
-def _prefill_checkpoint_alignment(value: int | None) -> Iterator[None]:
-    module = _vllm()["mamba_abstract"]
-    original = module.get_mamba_prefill_checkpoint_alignment
-    module.get_mamba_prefill_checkpoint_alignment = lambda vllm_config: value
-    try:
-        yield
-    finally:
-        module.get_mamba_prefill_checkpoint_alignment = original
-
-
-@cache
-def _model_config(config_path: str, architecture: str) -> Any:
-    v = _vllm()
-    v["ModelRegistry"].register_model(architecture, v["Qwen4ExpForPlanning"])
-    # ModelConfig wants a checkpoint directory; the config alone is enough without a tokenizer.
-    directory = Path(tempfile.mkdtemp(prefix="dflash-plan-"))
-    (directory / "config.json").write_bytes(Path(config_path).read_bytes())
-    return v["ModelConfig"](model=str(directory), skip_tokenizer_init=True, dtype="auto")
-
-
-def build_vllm_config(ckpt: HybridCheckpoint, inputs: BlockSizeInputs) -> Any:
-    """A real `VllmConfig` for this configuration (speculation as n-gram with k tokens: the
-    block size depends on the method only through k, and n-gram needs no draft checkpoint)."""
-    import copy
-
-    v = _vllm()
-    model_config = copy.deepcopy(_model_config(ckpt.source, ckpt.architecture))
-    parallel_config = v["ParallelConfig"](
-        tensor_parallel_size=inputs.tp, enable_expert_parallel=True
-    )
-    speculative = None
-    if inputs.k > 0:
-        speculative = v["SpeculativeConfig"](
-            method="ngram",
-            num_speculative_tokens=inputs.k,
-            prompt_lookup_max=3,
-            prompt_lookup_min=2,
-            target_model_config=model_config,
-            target_parallel_config=parallel_config,
-        )
-    return v["VllmConfig"](
-        model_config=model_config,
-        cache_config=v["CacheConfig"](
-            mamba_cache_mode="align",
-            cache_dtype=inputs.kv_cache_dtype,
-        ),
-        parallel_config=parallel_config,
-        speculative_config=speculative,
-    )
-
-
-def plan_block_size(ckpt: HybridCheckpoint, inputs: BlockSizeInputs) -> BlockSizePlan:
-    v = _vllm()
-    gpu = gpu_profile(inputs.gpu)
-    vllm_config = build_vllm_config(ckpt, inputs)
-    cache_config = vllm_config.cache_config
-    cache_config.block_size = v["CacheConfig"].DEFAULT_BLOCK_SIZE
-    cache_config.user_specified_block_size = False
-
-    with _prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
-        v["PlanningPlatform"].update_block_size_for_backend(vllm_config)
-    automatic = cache_config.block_size
-
-    model_config = vllm_config.model_config
-    kv_dtype = (
-        model_config.dtype
-        if cache_config.cache_dtype == "auto"
-        else _kv_torch_dtype(cache_config.cache_dtype)
-    )
-    attention_page = (
-        v["backends"][0]
-        .customize_spec(
-            v["FullAttentionSpec"](
-                block_size=1,
-                num_kv_heads=model_config.get_num_kv_heads(vllm_config.parallel_config),
-                head_size=model_config.get_head_size(),
-                dtype=kv_dtype,
-                kv_quant_mode=v["get_kv_quant_mode"](cache_config.cache_dtype),
-            )
-        )
-        .page_size_bytes
-    )
-    multiple_of = v["MultipleOf"]
-    smallest_kernel_block = min(
-        s.base if isinstance(s, multiple_of) else s
-        for s in v["backends"][0].get_supported_kernel_block_sizes()
-    )
-    alignment = lcm(
-        max(smallest_kernel_block, v["CacheConfig"].DEFAULT_BLOCK_SIZE),
-        gpu.prefill_checkpoint_alignment or 1,
-    )
-    return BlockSizePlan.from_terms(
-        inputs,
-        attention_page=attention_page,
-        gdn_state=v["gdn_spec"](vllm_config).page_size_bytes,
-        ple_state=v["ple_spec"](vllm_config).page_size_bytes,
-        kernel_alignment=alignment,
-        automatic_block_size=automatic,
-        compress_ratio=model_config.hf_text_config.indexer_compress_ratio,
-        engine="vllm",
-    )
-
-
-def _kv_torch_dtype(cache_dtype: str) -> Any:
-    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
-
-    return STR_DTYPE_TO_TORCH_DTYPE[cache_dtype]
-
+from dflash_ops.plan.vllm_engine.runtime import (
+    build_vllm_config,
+    kv_torch_dtype,
+    prefill_checkpoint_alignment,
+    vllm_modules,
+)
 
 # vLLM 0.33.0 names the capacity engine uses, as module:attribute. Loaded untyped: mypy runs
 # beside the CPU engine's vLLM, which lacks some (this code only runs where vllm_available()).
@@ -328,7 +67,7 @@ _CAPACITY_NAMES = {
 
 @cache
 def _capacity_api() -> SimpleNamespace:
-    _vllm()  # first: it picks the platform the imports below see
+    vllm_modules()  # first: it picks the platform the imports below see
     names = {}
     for name, target in _CAPACITY_NAMES.items():
         module, attribute = target.split(":")
@@ -338,7 +77,7 @@ def _capacity_api() -> SimpleNamespace:
 
 def _capacity_config(plan: BlockSizePlan, ckpt: HybridCheckpoint, inputs: CapacityInputs) -> Any:
     """The VllmConfig of a running engine with this block size, lengths and scheduling."""
-    v = _vllm()
+    v = vllm_modules()
     gpu = gpu_profile(plan.gpu)
     vllm_config = build_vllm_config(
         ckpt,
@@ -351,7 +90,7 @@ def _capacity_config(plan: BlockSizePlan, ckpt: HybridCheckpoint, inputs: Capaci
     vllm_config.scheduler_config.max_num_batched_tokens = inputs.max_num_batched_tokens
     # What VllmConfig resolves for the real method (the n-gram stand-in turns it off).
     vllm_config.scheduler_config.async_scheduling = inputs.async_scheduling
-    with _prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
+    with prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
         v["PlanningPlatform"].update_block_size_for_backend(vllm_config)
     assert cache_config.block_size == plan.recommended_block_size
     return vllm_config
@@ -369,7 +108,7 @@ def _layer_specs(
     modules; the GPU-only layers' specs are built the way their `get_kv_cache_spec` builds them."""
     from dataclasses import replace
 
-    v = _vllm()
+    v = vllm_modules()
     api = _capacity_api()
 
     torch = v["torch"]
@@ -380,7 +119,7 @@ def _layer_specs(
     kv_dtype = (
         model_config.dtype
         if cache_config.cache_dtype == "auto"
-        else _kv_torch_dtype(cache_config.cache_dtype)
+        else kv_torch_dtype(cache_config.cache_dtype)
     )
     quant_mode = v["get_kv_quant_mode"](cache_config.cache_dtype)
     block = cache_config.block_size
@@ -408,7 +147,7 @@ def _layer_specs(
 
     specs: dict[str, Any] = {}
     vllm_config.compilation_config.static_forward_context.clear()
-    with _prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
+    with prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
         for layer in layer_inventory(ckpt, method, draft):
             if layer.kind == "attention":
                 spec = api.FullAttentionSpec(
@@ -509,7 +248,7 @@ def kv_cache_groups(
     """The engine's VllmConfig, every layer's KV spec and vLLM's KV-cache groups for them, after
     the engine core's layout resolution (also what the prefix-cache tests drive vLLM's
     KVCacheManager with)."""
-    v = _vllm()
+    v = vllm_modules()
     api = _capacity_api()
     vllm_config = _capacity_config(plan, ckpt, inputs)
     specs = _layer_specs(vllm_config, ckpt, plan, method, draft)

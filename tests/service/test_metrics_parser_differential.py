@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dflash_sidecar import exposition
+from dflash_sidecar import metrics_parser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -107,7 +107,7 @@ def reference_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 
 def sidecar_values(
-    parsed: exposition.ParsedExposition,
+    parsed: metrics_parser.ParsedExposition,
 ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     values = {}
     for key, sample in parsed.series.items():
@@ -127,7 +127,7 @@ def test_the_sidecar_reads_what_prometheus_client_reads(
 ) -> None:
     text, expected = page
     reference = reference_values(text)
-    parsed = exposition.parse(text)
+    parsed = metrics_parser.parse(text)
     ours = sidecar_values(parsed)
     assert parsed.errors == []
     assert all(s.problems == [] for s in parsed.series.values())

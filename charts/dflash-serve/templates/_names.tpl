@@ -1,0 +1,68 @@
+{{/* Names, labels and references. All helpers live in the dflash-serve.* namespace. */}}
+
+{{- define "dflash-serve.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dflash-serve.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dflash-serve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The pods that serve the API (not Ray workers): what the Service, PDB and monitors select. */}}
+{{- define "dflash-serve.engineSelectorLabels" -}}
+{{ include "dflash-serve.selectorLabels" . }}
+dflash-serve.io/component: engine
+{{- end -}}
+
+{{- define "dflash-serve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "dflash-serve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dflash-serve
+dflash-serve.io/role: {{ .Values.role }}
+{{- end -}}
+
+{{- define "dflash-serve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dflash-serve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The model-cache claim. A ReadWriteMany cache gets its own name: a claim's access modes are
+immutable, so a single-node -> Ray upgrade creates a new claim instead of failing to patch the
+old one (which `helm.sh/resource-policy: keep` leaves in place). */}}
+{{- define "dflash-serve.cacheClaim" -}}
+{{- if .Values.modelCache.existingClaim -}}
+{{- .Values.modelCache.existingClaim -}}
+{{- else if has "ReadWriteMany" .Values.modelCache.accessModes -}}
+{{- printf "%s-model-cache-rwx" (include "dflash-serve.fullname" .) -}}
+{{- else -}}
+{{- printf "%s-model-cache" (include "dflash-serve.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The headless Service that lists every serving pod. */}}
+{{- define "dflash-serve.podsService" -}}
+{{- printf "%s-pods" (include "dflash-serve.fullname" . | trunc 58 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest pins the image. */}}
+{{- define "dflash-serve.image" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+{{- end -}}
