@@ -71,6 +71,16 @@ class SidecarCollector(Collector):
         )
         budget.add_metric([], monitor.settings.startup_budget_s)
         yield budget
+        thresholds = GaugeMetricFamily(
+            "dflash_verdict_threshold",
+            "The sidecar's verdict thresholds (its settings), which the acceptance alerts "
+            "compare against: collapsed_* and degraded_* mean acceptance length and position-0 "
+            "acceptance, min_drafts.",
+            labels=["threshold"],
+        )
+        for name, value in monitor.settings.thresholds.model_dump().items():
+            thresholds.add_metric([name], float(value))
+        yield thresholds
         started = GaugeMetricFamily(
             "dflash_sidecar_start_time_seconds", "Unix time the sidecar started watching."
         )

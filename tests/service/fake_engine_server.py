@@ -2,8 +2,8 @@
 
 It serves `/health`, `/metrics` (vLLM's format, `fake_engine.vllm_page`), `/v1/models` and
 `/v1/completions`; a background ticker advances its counters like an engine under the scripted
-load (`traffic`, `collapsed` or `idle`). `stop()` closes the socket: connection refused, as for an
-engine process that died or has not started listening.
+load (`traffic`, `weak`, `collapsed` or `idle`). `stop()` closes the socket: connection refused,
+as for an engine process that died or has not started listening.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tests.service.fake_engine import Counters, vllm_page
 LOADS = {
     "traffic": [8, 6, 4, 2],  # mean acceptance length 3.0
     "collapsed": [1, 0, 0, 0],  # mean acceptance length 1.1: wrong features
+    "weak": [4, 1, 0, 0],  # mean acceptance length 1.5, position 0 at 0.4: degraded
     "idle": None,
 }
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.speculative_config import speculative_config_args
+
 EXPECTED_AUX_LAYERS = "(6, 16, 26, 36, 46)"
 SEED = {"dflash": (4.08, 224.9), "mtp": (2.98, 180.1)}  # mean acceptance length, tok/s (c=1)
 
@@ -260,11 +262,8 @@ def main() -> int:
         log(f"{config_path} not found: planning with the bundled reference config")
     plan = run_json(plan_argv)
     block = plan["recommended_block_size"]["7"]
-    dflash = [
-        "--speculative-config",
-        json.dumps({"method": "dflash", "model": args.draft, "num_speculative_tokens": 7}),
-    ]
-    mtp = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
+    dflash = speculative_config_args("dflash", 7, args.draft)
+    mtp = speculative_config_args("mtp", 3)
     if args.dry_run:
         print(
             f"plan: block size {block} at k=7 ({args.gpu}, TP2); per k: "

@@ -35,6 +35,7 @@ from dflash_ops.local.supervisor import (
 )
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
 from dflash_ops.paths import RULES_DIR
+from dflash_ops.speculative_config import speculative_config_args
 
 LocalSpecMethod = Literal["draft_model", "ngram", "off"]
 SERVED_MODEL = "tiny"
@@ -129,24 +130,11 @@ def engine_argv(config: StackConfig) -> list[str]:
     ]
     if config.enforce_eager:
         argv.append("--enforce-eager")
-    if config.method == "draft_model":
-        spec = {
-            "method": "draft_model",
-            # Relative to the engine's working directory (the models directory): vLLM rewrites
-            # the method to dflash/eagle/dspark when the draft's path contains that word, as a
-            # checkout named dflash-serve does.
-            "model": f"./{config.draft_dir.name}",
-            "num_speculative_tokens": config.num_speculative_tokens,
-        }
-        argv += ["--speculative-config", json.dumps(spec)]
-    elif config.method == "ngram":
-        spec = {
-            "method": "ngram",
-            "num_speculative_tokens": config.num_speculative_tokens,
-            "prompt_lookup_max": 4,
-            "prompt_lookup_min": 2,
-        }
-        argv += ["--speculative-config", json.dumps(spec)]
+    # The draft is named relative to the engine's working directory (the models directory):
+    # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
+    # as a checkout named dflash-serve does.
+    draft = f"./{config.draft_dir.name}" if config.method == "draft_model" else None
+    argv += speculative_config_args(config.method, config.num_speculative_tokens, draft)
     return argv
 
 

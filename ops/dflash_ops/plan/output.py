@@ -6,6 +6,9 @@ import json
 import shlex
 from collections.abc import Sequence
 
+import yaml
+
+from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.planner import DeploymentPlan
 
@@ -17,22 +20,36 @@ def render_json(plan: DeploymentPlan) -> str:
 
 
 def render_helm_values(plan: DeploymentPlan) -> str:
-    """Values the chart reads: `blockSizeTable.<gpu>.tp<N>."<k>"`, plus the chosen k/size when
-    one k was planned. Paste under the chart's `engine:` key or pass with `-f`."""
-    lines = [
-        "# dflash-serve plan: recommended --block-size per num_speculative_tokens",
-        f"# gpu={plan.gpu} tp={plan.tp} kvCacheDtype={plan.kv_cache_dtype} engine={plan.engine}",
-        "blockSizeTable:",
-        f"  {plan.gpu}:",
-        f"    tp{plan.tp}:",
-    ]
-    lines += [f'      "{k}": {size}' for k, size in plan.recommended_block_size.items()]
-    if len(plan.plans) == 1:
-        only = plan.plans[0]
-        lines += ["blockSize: " + str(only.recommended_block_size)]
-        if plan.method != "off":
-            lines += ["speculative:", f"  numSpeculativeTokens: {only.k}"]
-    return "\n".join(lines) + "\n"
+    """Chart values for the planned deployment, for `helm install -f` or `dflash-serve render
+    -f`: the GPU, TP, KV dtype, block size, prefix-match unit and speculative settings. A
+    values file describes one deployment, so it needs one k."""
+    if len(plan.plans) != 1:
+        raise UserError(
+            f"--format helm-values describes one deployment: pass one --k (got "
+            f"{len(plan.plans)}: {', '.join(str(p.k) for p in plan.plans)})"
+        )
+    (only,) = plan.plans
+    speculative: dict[str, object] = {"method": plan.method}
+    if plan.method != "off":
+        speculative["numSpeculativeTokens"] = only.k
+    if plan.draft_model:
+        speculative["draftModel"] = plan.draft_model
+    values = {
+        "gpu": {"type": plan.gpu},
+        "engine": {
+            "tensorParallelSize": plan.tp,
+            # The chart names the model's own dtype "auto".
+            "kvCacheDtype": "auto" if plan.kv_cache_dtype == "bfloat16" else plan.kv_cache_dtype,
+            "blockSize": only.recommended_block_size,
+            "prefixMatchUnit": plan.prefix_match_unit,
+        },
+        "speculative": speculative,
+    }
+    header = (
+        f"# dflash-serve plan: {plan.gpu} TP{plan.tp} k={only.k} ({plan.engine} engine)\n"
+        "# helm install RELEASE charts/dflash-serve -f THIS_FILE (or dflash-serve render -f)\n"
+    )
+    return header + yaml.safe_dump(values, sort_keys=False)
 
 
 def render_table(plan: DeploymentPlan) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from dflash_ops.plan.kv_capacity import (
 )
 from dflash_ops.plan.model import MAX_K, BlockSizeInputs, BlockSizePlan, KvCacheDtype, SpecMethod
 from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION
+from dflash_ops.speculative_config import speculative_config_args
 
 EngineName = Literal["auto", "vllm", "closed-form"]
 Engine = Callable[[HybridCheckpoint, BlockSizeInputs], BlockSizePlan]
@@ -97,6 +97,7 @@ class DeploymentPlan(BaseModel):
     capacity_assumptions: CapacityAssumptions
     capacity: dict[int, KvCapacity]
     prefix_match_unit: int | None
+    draft_model: str | None
     vllm_args: dict[int, list[str]]
 
 
@@ -171,13 +172,9 @@ def vllm_args(
         args += ["--prefix-match-unit", str(prefix_match_unit)]
     if plan.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", plan.kv_cache_dtype]
-    if method != "off" and plan.k > 0:
-        spec: dict[str, object] = {"method": method, "num_speculative_tokens": plan.k}
-        if method == "dflash":
-            spec["model"] = draft_model or DEFAULT_DRAFT_MODEL
-        elif method == "ngram":
-            spec |= {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
-        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if method == "dflash":
+        draft_model = draft_model or DEFAULT_DRAFT_MODEL
+    args += speculative_config_args(method, plan.k, draft_model)
     # The PLE n-gram table in pinned host memory (vLLM 0.33.0's EngramConfig).
     args += ["--engram-config", '{"cpu_offload":true}']
     return args
@@ -313,5 +310,6 @@ def make_plan(
             for p in plans
         },
         prefix_match_unit=prefix_match_unit or None,
+        draft_model=(draft_model or DEFAULT_DRAFT_MODEL) if method == "dflash" else None,
         vllm_args={p.k: vllm_args(p, method, draft_model, prefix_match_unit) for p in plans},
     )

@@ -92,7 +92,9 @@ def get(url: str) -> str | None:
 class Sidecar:
     """The real `dflash-serve sidecar` process, with fast intervals."""
 
-    def __init__(self, engine_port: int, startup_budget_s: float) -> None:
+    def __init__(
+        self, engine_port: int, startup_budget_s: float, env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
@@ -120,7 +122,9 @@ class Sidecar:
                 "--log-level",
                 "warning",
             ],
-            env=os.environ | {"DFLASH_SIDECAR_STARTUP_BUDGET_S": str(startup_budget_s)},
+            env=os.environ
+            | {"DFLASH_SIDECAR_STARTUP_BUDGET_S": str(startup_budget_s)}
+            | (env or {}),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -244,14 +248,17 @@ def input_series(
     return rendered
 
 
-@pytest.fixture(scope="module")
-def rendered_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The chart's PrometheusRule, as the Prometheus Operator hands it to Prometheus."""
-    text = helm_template([], [], "dflash", "llm")
+def rules_file(text: str, directory: Path) -> Path:
+    """The PrometheusRule of a chart render, as the Prometheus Operator hands it to Prometheus."""
     rule = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "PrometheusRule")
-    path = tmp_path_factory.mktemp("rules") / "dflash-serve.rules.yaml"
+    path = directory / "dflash-serve.rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     return path
+
+
+@pytest.fixture(scope="module")
+def rendered_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return rules_file(helm_template([], [], "dflash", "llm"), tmp_path_factory.mktemp("rules"))
 
 
 SCENARIOS = [
@@ -281,17 +288,16 @@ SCENARIOS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "timeline", "checks"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
-def test_who_gets_paged(
+def promtool_scenario(
     captures: dict[str, Capture],
-    rendered_rules: Path,
+    rules: Path,
     tmp_path: Path,
     name: str,
     timeline: list[tuple[str, int]],
     checks: list[tuple[int, dict[str, int]]],
 ) -> None:
     test = {
-        "rule_files": [str(rendered_rules)],
+        "rule_files": [str(rules)],
         "evaluation_interval": f"{STEP_S}s",
         "tests": [
             {
@@ -318,6 +324,88 @@ def test_who_gets_paged(
         [find_tool("promtool"), "test", "rules", str(path)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("name", "timeline", "checks"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_who_gets_paged(
+    captures: dict[str, Capture],
+    rendered_rules: Path,
+    tmp_path: Path,
+    name: str,
+    timeline: list[tuple[str, int]],
+    checks: list[tuple[int, dict[str, int]]],
+) -> None:
+    promtool_scenario(captures, rendered_rules, tmp_path, name, timeline, checks)
+
+
+def chart_overrides(sets: list[str]) -> dict[str, object]:
+    """`a.b.c=1.6` assignments as a values document (numbers stay numbers)."""
+    values: dict[str, object] = {}
+    for item in sets:
+        path, _, raw = item.partition("=")
+        *parents, leaf = path.split(".")
+        node = values
+        for key in parents:
+            node = node.setdefault(key, {})  # type: ignore[assignment]
+        node[leaf] = yaml.safe_load(raw)
+    return values
+
+
+def sidecar_threshold_env(render: str) -> dict[str, str]:
+    """The verdict thresholds the chart hands its sidecar container."""
+    deployment = next(d for d in yaml.safe_load_all(render) if d and d["kind"] == "Deployment")
+    (sidecar,) = (
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar"
+    )
+    return {
+        e["name"]: e["value"]
+        for e in sidecar["env"]
+        if e["name"].endswith(("_MEAN_ACCEPTANCE_LENGTH", "_POSITION0"))
+    }
+
+
+@pytest.mark.parametrize(
+    ("sets", "verdict", "paged"),
+    [
+        ([], "degraded", {}),
+        (
+            ["sidecar.thresholds.collapsedMeanAcceptanceLength=1.6"],
+            "collapsed",
+            {"DFlashAcceptanceCollapse": 1},
+        ),
+    ],
+    ids=["default-thresholds", "collapse-threshold-1.6"],
+)
+def test_verdict_and_alerts_follow_the_thresholds_in_the_values(
+    tmp_path: Path, sets: list[str], verdict: str, paged: dict[str, int]
+) -> None:
+    """A draft at mean acceptance length 1.5: with the chart's default thresholds the sidecar
+    says degraded and nobody is paged; raise sidecar.thresholds.collapsedMeanAcceptanceLength
+    to 1.6 and the same traffic is collapsed for the sidecar and pages through the rules the
+    chart renders from the same values."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(chart_overrides(sets)))
+    render = helm_template([values], [], "dflash", "llm")
+    engine = FakeEngineServer()
+    sidecar = Sidecar(engine.port, startup_budget_s=3600, env=sidecar_threshold_env(render))
+    try:
+        engine.load = "weak"
+        wait_until(lambda: sidecar.state() == "serving", 20, "serving state")
+        time.sleep(1.5)
+        stats = yaml.safe_load(get(f"{sidecar.url}/stats") or "{}")
+        assert stats["windows"]["5s"]["verdict"] == verdict, stats["windows"]["5s"]
+        found = {"weak": capture(sidecar, engine)}
+    finally:
+        sidecar.close()
+        engine.stop()
+    promtool_scenario(
+        found,
+        rules_file(render, tmp_path),
+        tmp_path,
+        "thresholds follow the values",
+        [("weak", 30)],
+        [(25, paged)],
+    )
 
 
 def test_the_captured_states_are_the_ones_named(captures: dict[str, Capture]) -> None:

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from dflash_ops.cli import main
 from dflash_ops.errors import UserError
 from dflash_ops.plan.checkpoint import load_checkpoint, reference_config_path
@@ -51,12 +50,9 @@ def test_table_shows_terms_and_args(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--block-size 1680" in out and "--mamba-cache-mode align" in out
 
 
-def test_helm_values_snippet_is_yaml(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "--gpu", "h100", "--k", "7", "--format", "helm-values")
-    assert code == 0
-    values = yaml.safe_load(out)
-    assert values["blockSize"] == values["blockSizeTable"]["h100"]["tp2"]["7"]
-    assert values["speculative"]["numSpeculativeTokens"] == 7
+def test_helm_values_need_one_k(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "--k", "3-5", "--format", "helm-values")
+    assert code == 2 and "pass one --k (got 3: 3, 4, 5)" in err
 
 
 def test_method_off_plans_k0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,41 @@
+"""The engine's `--speculative-config` for each method: one builder for the planner, the local
+stack and the GPU acceptance run; the chart's Go helper is tested against it for every method
+and k (tests/charts/test_speculative_config.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+# The n-gram proposer's lookup window (prompt tokens matched to propose a continuation).
+NGRAM_PROMPT_LOOKUP_MAX = 4
+NGRAM_PROMPT_LOOKUP_MIN = 2
+
+# dflash: a DFlash/DFlash2 draft; draft_model: any small draft model (the local CPU stack);
+# mtp: the checkpoint's own MTP head; ngram: prompt lookup; off: no speculation.
+Method = Literal["dflash", "draft_model", "mtp", "ngram", "off"]
+
+
+def speculative_config(
+    method: Method, k: int, draft_model: str | None = None
+) -> dict[str, object] | None:
+    """The config for `method` at k speculative tokens, or None when speculation is off."""
+    if method == "off" or k == 0:
+        return None
+    spec: dict[str, object] = {"method": method, "num_speculative_tokens": k}
+    if method in ("dflash", "draft_model"):
+        if not draft_model:
+            raise ValueError(f"speculative method {method} needs a draft model")
+        spec["model"] = draft_model
+    elif method == "ngram":
+        spec["prompt_lookup_max"] = NGRAM_PROMPT_LOOKUP_MAX
+        spec["prompt_lookup_min"] = NGRAM_PROMPT_LOOKUP_MIN
+    elif method != "mtp":
+        raise ValueError(f"unknown speculative method {method!r}")
+    return spec
+
+
+def speculative_config_args(method: Method, k: int, draft_model: str | None = None) -> list[str]:
+    """`--speculative-config JSON`, or nothing when speculation is off."""
+    spec = speculative_config(method, k, draft_model)
+    return [] if spec is None else ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
