@@ -16,12 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
-from dflash_sidecar.metrics_parser import (
-    ACCEPTED_PER_POS,
-    GENERATION_TOKENS,
-    SPEC_COUNTERS,
-    SeriesSample,
-)
+from dflash_sidecar.metrics_parser import SPEC_COUNTERS, SeriesSample
+from dflash_sidecar.vllm_metrics import ACCEPTED_PER_POS, GENERATION_TOKENS
 
 # Consecutive inconsistent samples after which the counters are taken as really restarted.
 RESTART_AFTER_INCONSISTENT = 3

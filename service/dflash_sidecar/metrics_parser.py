@@ -16,25 +16,19 @@ import math
 import re
 from dataclasses import dataclass, field
 
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-GENERATION_TOKENS = "vllm:generation_tokens"
-REQUESTS_RUNNING = "vllm:num_requests_running"
-REQUESTS_WAITING = "vllm:num_requests_waiting"
+from dflash_sidecar.vllm_metrics import (
+    ACCEPTED,
+    ACCEPTED_PER_POS,
+    COUNTERS,
+    DRAFT_TOKENS,
+    DRAFTS,
+    GAUGES,
+    REQUESTS_RUNNING,
+    sample_name,
+)
 
 # Sample name in the exposition -> family.
-_FAMILY = {
-    "vllm:spec_decode_num_drafts_total": DRAFTS,
-    "vllm:spec_decode_num_draft_tokens_total": DRAFT_TOKENS,
-    "vllm:spec_decode_num_accepted_tokens_total": ACCEPTED,
-    "vllm:spec_decode_num_accepted_tokens_per_pos_total": ACCEPTED_PER_POS,
-    "vllm:generation_tokens_total": GENERATION_TOKENS,
-    "vllm:num_requests_running": REQUESTS_RUNNING,
-    "vllm:num_requests_waiting": REQUESTS_WAITING,
-}
-COUNTERS = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS, GENERATION_TOKENS})
+_FAMILY = {sample_name(family): family for family in COUNTERS | GAUGES}
 SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
 # Name prefixes worth looking at; `str.find` jumps between them at C speed.
 _NEEDLES = (

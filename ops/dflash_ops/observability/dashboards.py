@@ -13,6 +13,21 @@ import json
 import sys
 from typing import Any
 
+from dflash_sidecar.vllm_metrics import (
+    ACCEPTED,
+    ACCEPTED_PER_POS,
+    DRAFT_TOKENS,
+    DRAFTS,
+    GENERATION_TOKENS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    draft_acceptance_rate,
+    mean_acceptance_length,
+    position_acceptance,
+    ratio,
+    sample_name,
+)
+
 from dflash_ops.paths import DASHBOARDS_DIR as DASHBOARD_DIR
 
 SEL = (
@@ -22,7 +37,7 @@ SEL = (
 BASE_SEL = 'namespace=~"$namespace", release=~"$baseline", model_name=~"$model"'
 POD_SEL = 'namespace=~"$namespace", release=~"$release", pod=~"$pod"'
 R = "$__rate_interval"
-RUNNING_IN_RELEASE = 'vllm:num_requests_running{namespace=~"$namespace", release=~"$release"}'
+RUNNING_IN_RELEASE = f'{REQUESTS_RUNNING}{{namespace=~"$namespace", release=~"$release"}}'
 # Grafana unit for token rates (a custom suffix unit: Grafana has no tokens/s unit id).
 TOKENS_PER_S = "suffix: tok/s"
 # Ratios show why they are empty: NaN (0/0) means no traffic, a missing series no data.
@@ -30,11 +45,6 @@ NO_TRAFFIC = [
     {"type": "special", "options": {"match": "nan", "result": {"text": "no traffic"}}},
     {"type": "special", "options": {"match": "null", "result": {"text": "no data"}}},
 ]
-
-
-def ratio(numerator: str, denominator: str) -> str:
-    """numerator / denominator, with the denominator (not the ratio) dropped at zero."""
-    return f"{numerator} / ({denominator} > 0)"
 
 
 def _variables(baseline: bool) -> list[dict[str, Any]]:
@@ -62,11 +72,11 @@ def _variables(baseline: bool) -> list[dict[str, Any]]:
             "query": "prometheus",
             "current": {},
         },
-        query_var("namespace", "Namespace", "label_values(vllm:num_requests_running, namespace)"),
+        query_var("namespace", "Namespace", f"label_values({REQUESTS_RUNNING}, namespace)"),
         query_var(
             "release",
             "Release",
-            'label_values(vllm:num_requests_running{namespace=~"$namespace"}, release)',
+            f'label_values({REQUESTS_RUNNING}{{namespace=~"$namespace"}}, release)',
         ),
         query_var(
             "pod",
@@ -90,7 +100,7 @@ def _variables(baseline: bool) -> list[dict[str, Any]]:
             query_var(
                 "baseline",
                 "Baseline release",
-                'label_values(vllm:num_requests_running{namespace=~"$namespace"}, release)',
+                f'label_values({REQUESTS_RUNNING}{{namespace=~"$namespace"}}, release)',
                 include_all=False,
             )
         )
@@ -170,21 +180,20 @@ def speculative_decoding() -> dict[str, Any]:
         group = f" by ({by})" if by else ""
         return f"sum{group} (rate({metric}{{{sel}}}[{R}]))"
 
-    drafts = rate("vllm:spec_decode_num_drafts_total")
-    accepted = rate("vllm:spec_decode_num_accepted_tokens_total")
-    draft_tokens = rate("vllm:spec_decode_num_draft_tokens_total")
+    drafts = rate(sample_name(DRAFTS))
+    accepted = rate(sample_name(ACCEPTED))
+    draft_tokens = rate(sample_name(DRAFT_TOKENS))
     b.panel(
         "Mean acceptance length",
         "1 + accepted / drafts: tokens emitted per target forward pass. DFlash2 at block 8 "
         "reached about 4 on A100; 1 means the draft is never accepted.",
         "none",
         [
-            (f"1 + {ratio(accepted, drafts)}", "all pods"),
+            (mean_acceptance_length(accepted, drafts), "all pods"),
             (
-                "1 + "
-                + ratio(
-                    rate("vllm:spec_decode_num_accepted_tokens_total", "pod"),
-                    rate("vllm:spec_decode_num_drafts_total", "pod"),
+                mean_acceptance_length(
+                    rate(sample_name(ACCEPTED), "pod"),
+                    rate(sample_name(DRAFTS), "pod"),
                 ),
                 "{{pod}}",
             ),
@@ -195,14 +204,12 @@ def speculative_decoding() -> dict[str, Any]:
         "Drafted-token acceptance rate",
         "accepted / draft tokens: the share of proposed tokens the target keeps.",
         "percentunit",
-        [(ratio(accepted, draft_tokens), "acceptance rate")],
+        [(draft_acceptance_rate(accepted, draft_tokens), "acceptance rate")],
         defaults={"min": 0, "max": 1, "mappings": NO_TRAFFIC},
     )
-    per_pos_range = (
-        "sum by (position) "
-        f"(increase(vllm:spec_decode_num_accepted_tokens_per_pos_total{{{SEL}}}[$__range])) "
-        "/ on () group_left () "
-        f"(sum(increase(vllm:spec_decode_num_drafts_total{{{SEL}}}[$__range])) > 0)"
+    per_pos_range = position_acceptance(
+        f"sum by (position) (increase({sample_name(ACCEPTED_PER_POS)}{{{SEL}}}[$__range]))",
+        f"sum(increase({sample_name(DRAFTS)}{{{SEL}}}[$__range]))",
     )
     b.panel(
         "Per-position acceptance (curve)",
@@ -217,10 +224,7 @@ def speculative_decoding() -> dict[str, Any]:
         options={"xField": "position", "orientation": "vertical", "showValue": "auto"},
         defaults={"min": 0, "max": 1},
     )
-    per_pos = (
-        f"{rate('vllm:spec_decode_num_accepted_tokens_per_pos_total', 'position')} "
-        f"/ on () group_left () ({drafts} > 0)"
-    )
+    per_pos = position_acceptance(rate(sample_name(ACCEPTED_PER_POS), "position"), drafts)
     b.panel(
         "Per-position acceptance over time (heatmap)",
         "The same ratio per draft position over time: rows are positions, colour is acceptance.",
@@ -273,28 +277,30 @@ def speculative_decoding() -> dict[str, Any]:
         "none",
         [
             (
-                "1 + "
-                + ratio(
-                    rate("vllm:spec_decode_num_accepted_tokens_total", "pod, engine"),
-                    rate("vllm:spec_decode_num_drafts_total", "pod, engine"),
+                mean_acceptance_length(
+                    rate(sample_name(ACCEPTED), "pod, engine"),
+                    rate(sample_name(DRAFTS), "pod, engine"),
                 ),
                 "{{pod}} engine {{engine}}",
             )
         ],
         defaults={"min": 1, "mappings": NO_TRAFFIC},
     )
-    per_request = ratio(
-        "sum(rate(vllm:generation_tokens_total{{{sel}}}[{r}]))",
-        "sum(avg_over_time(vllm:num_requests_running{{{sel}}}[{r}]))",
-    )
+
+    def per_request(sel: str) -> str:
+        return ratio(
+            f"sum(rate({sample_name(GENERATION_TOKENS)}{{{sel}}}[{R}]))",
+            f"sum(avg_over_time({REQUESTS_RUNNING}{{{sel}}}[{R}]))",
+        )
+
     b.panel(
         "Speculative vs baseline: tokens per second per running request",
         "Decode speed each running request sees, for this release and for the baseline release "
         "picked in the variable (for example the MTP-3 deployment).",
         TOKENS_PER_S,
         [
-            (per_request.format(sel=SEL, r=R), "$release"),
-            (per_request.format(sel=BASE_SEL, r=R), "baseline $baseline"),
+            (per_request(SEL), "$release"),
+            (per_request(BASE_SEL), "baseline $baseline"),
         ],
         defaults={"mappings": NO_TRAFFIC},
     )
@@ -303,12 +309,11 @@ def speculative_decoding() -> dict[str, Any]:
         "Mean acceptance length of this release and of the baseline release.",
         "none",
         [
-            (f"1 + {ratio(accepted, drafts)}", "$release"),
+            (mean_acceptance_length(accepted, drafts), "$release"),
             (
-                "1 + "
-                + ratio(
-                    rate("vllm:spec_decode_num_accepted_tokens_total", sel=BASE_SEL),
-                    rate("vllm:spec_decode_num_drafts_total", sel=BASE_SEL),
+                mean_acceptance_length(
+                    rate(sample_name(ACCEPTED), sel=BASE_SEL),
+                    rate(sample_name(DRAFTS), sel=BASE_SEL),
                 ),
                 "baseline $baseline",
             ),
@@ -370,7 +375,7 @@ def serving() -> dict[str, Any]:
         TOKENS_PER_S,
         [
             (f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[{R}]))", "prompt"),
-            (f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{R}]))", "generation"),
+            (f"sum(rate({sample_name(GENERATION_TOKENS)}{{{SEL}}}[{R}]))", "generation"),
         ],
     )
     b.panel(
@@ -379,7 +384,7 @@ def serving() -> dict[str, Any]:
         TOKENS_PER_S,
         [
             (
-                f"sum by (pod, engine) (rate(vllm:generation_tokens_total{{{SEL}}}[{R}]))",
+                f"sum by (pod, engine) (rate({sample_name(GENERATION_TOKENS)}{{{SEL}}}[{R}]))",
                 "{{pod}} engine {{engine}}",
             )
         ],
@@ -389,8 +394,8 @@ def serving() -> dict[str, Any]:
         "Requests in the running batch and in the queue.",
         "short",
         [
-            (f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
-            (f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),
+            (f"sum({REQUESTS_RUNNING}{{{SEL}}})", "running"),
+            (f"sum({REQUESTS_WAITING}{{{SEL}}})", "waiting"),
         ],
     )
     b.panel(

@@ -169,3 +169,35 @@ def test_panels_follow_grafanas_rules(name: str) -> None:
 def test_grafana_unit_check_rejects_what_grafana_does_not_know() -> None:
     assert "tps" not in GRAFANA_UNITS and not CUSTOM_UNIT.match("tps")
     assert "bool" not in GRAFANA_UNITS and CUSTOM_UNIT.match("suffix: tok/s")
+
+
+def test_recording_rules_use_the_sidecars_acceptance_formulas() -> None:
+    """The rules file is written by hand; its acceptance figures must be exactly the formulas
+    the dashboards and the sidecar share (dflash_sidecar.vllm_metrics)."""
+    import promql_parser
+    from dflash_sidecar import vllm_metrics as m
+
+    by = "namespace, release, pod, model_name"
+
+    def rate5m(family: str, labels: str = by) -> str:
+        return f'sum by ({labels}) (rate({m.sample_name(family)}{{release=~".+"}}[5m]))'
+
+    expected = {
+        "dflash:spec_decode_mean_acceptance_length:rate5m": m.mean_acceptance_length(
+            rate5m(m.ACCEPTED), rate5m(m.DRAFTS)
+        ),
+        "dflash:spec_decode_draft_acceptance_rate:rate5m": m.draft_acceptance_rate(
+            rate5m(m.ACCEPTED), rate5m(m.DRAFT_TOKENS)
+        ),
+        "dflash:spec_decode_position_acceptance:rate5m": m.position_acceptance(
+            rate5m(m.ACCEPTED_PER_POS, f"{by}, position"), rate5m(m.DRAFTS), match=by
+        ),
+    }
+    recorded = {
+        rule["record"]: rule["expr"]
+        for group in yaml.safe_load((RULES_DIR / "dflash-serve.rules.yaml").read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    for record, expr in expected.items():
+        assert str(promql_parser.parse(recorded[record])) == str(promql_parser.parse(expr)), record
