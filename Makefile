@@ -18,7 +18,7 @@ SIDECAR_IMAGE := $(REGISTRY)/sidecar:$(TAG)
 CPU_IMAGE     := $(REGISTRY)/dflash-serve-cpu:$(TAG)
 SERIES_SHA256  = $(shell python3 -c 'import hashlib, json; m = json.load(open("patches/manifest.json")); print(hashlib.sha256("".join(p["sha256"] for p in m["patches"]).encode()).hexdigest())')
 
-.PHONY: help setup lint typecheck test demo demo-down clean images images-local
+.PHONY: help setup lint typecheck test demo demo-down clean images images-local generate generate-check
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -36,6 +36,12 @@ typecheck: setup ## mypy (strict) on service/ and ops/
 
 test: lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
 	@bash ops/setup/run-tests.sh $(PYTEST_ARGS)
+
+generate: setup ## regenerate every committed generated file (dashboards, chart tables, examples, schema limits, README quotes, patch manifest)
+	@$(PY) -m dflash_ops.generate
+
+generate-check: setup ## fail if a committed generated file is stale
+	@$(PY) -m dflash_ops.generate --check
 
 demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
 	@$(VENV)/bin/dflash-serve local up

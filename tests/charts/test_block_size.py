@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from dflash_ops.chart.generated_files import BLOCK_SIZES, render_block_sizes
 from dflash_ops.errors import UserError
 from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import load_checkpoint
@@ -14,13 +13,6 @@ from dflash_ops.plan.model import BlockSizeInputs
 from tests.charts.conftest import arg_after, container, render
 
 CKPT = load_checkpoint()
-
-
-def test_block_size_table_is_generated_from_the_planner() -> None:
-    assert BLOCK_SIZES.read_text() == render_block_sizes(), (
-        "charts/dflash-serve/files/block-sizes.yaml is stale: "
-        "python -m dflash_ops.chart.generated_files"
-    )
 
 
 @pytest.mark.parametrize(("gpu", "tp"), list(itertools.product(["a100", "h100"], [1, 2, 4])))

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dflash_ops.chart.generated_files import KV_CAPACITY, README, render_kv_capacity, render_readme
 from dflash_ops.chart.helm import helm_binary
 from dflash_ops.cli import main
 from dflash_ops.paths import CHART_DIR, PROFILES_DIR
@@ -27,21 +26,6 @@ def notes(*args: str) -> str:
         check=True,
     )
     return result.stdout.split("\nNOTES:\n", 1)[1]
-
-
-def test_kv_capacity_file_is_generated_from_the_planner() -> None:
-    assert KV_CAPACITY.read_text() == render_kv_capacity(), (
-        "charts/dflash-serve/files/kv-capacity.yaml is stale: "
-        "python -m dflash_ops.chart.generated_files"
-    )
-
-
-def test_readme_quotes_the_current_plan() -> None:
-    text = README.read_text()
-    assert "<!-- plan-capacity:" in text
-    assert render_readme(text) == text, (
-        "README's plan quote is stale: python -m dflash_ops.chart.generated_files"
-    )
 
 
 @pytest.mark.parametrize(

@@ -60,12 +60,16 @@ Ray head may wait for its workers to join. The sidecar uses it to tell "still lo
 {{- end -}}
 {{- $perTp := index $perGpu (printf "tp%d" $tp) | default dict -}}
 {{- if not $perTp -}}
-{{- fail (printf "tensor-parallel size %d does not divide the model's attention and linear-attention heads (24, 16, 48): use 1, 2, 4 or 8 (engine.tensorParallelSize, or distributed.nodes x distributed.gpusPerNode for the tensor layout)" $tp) -}}
+{{- $heads := list -}}
+{{- range $name, $count := $table.model.heads }}{{ $heads = append $heads (printf "%s=%v" $name $count) }}{{ end -}}
+{{- $sizes := list -}}
+{{- range $table.model.tensorParallelSizes }}{{ $sizes = append $sizes (toString .) }}{{ end -}}
+{{- fail (printf "tensor-parallel size %d does not divide the model's heads (%s): use one of %s (engine.tensorParallelSize, or distributed.nodes x distributed.gpusPerNode for the tensor layout)" $tp (join ", " $heads) (join ", " $sizes)) -}}
 {{- end -}}
 {{- $perKv := index $perTp .Values.engine.kvCacheDtype | default dict -}}
 {{- $entry := index $perKv $k | default dict -}}
 {{- if not $entry -}}
-{{- fail (printf "speculative.numSpeculativeTokens %s is out of range: use 1 to 15" $k) -}}
+{{- fail (printf "speculative.numSpeculativeTokens %s is out of range: use 1 to %v" $k $table.model.maxSpeculativeTokens) -}}
 {{- end -}}
 {{- toYaml $entry -}}
 {{- end -}}

@@ -1,6 +1,6 @@
 """Grafana dashboards for dflash-serve, generated so every panel has a unit and a description.
 
-    python -m dflash_ops.observability.dashboards          # rewrite ops/grafana/dashboards/*.json
+    make generate      # rewrites ops/grafana/dashboards/*.json with the other generated files
 
 The committed JSON is what Grafana (and the chart's ConfigMaps) load; a test regenerates it and
 requires it unchanged, and the Prometheus end-to-end test runs every query against a real
@@ -10,7 +10,6 @@ Prometheus scraping a real vLLM CPU engine and sidecar.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from dflash_sidecar.vllm_metrics import (
@@ -27,8 +26,6 @@ from dflash_sidecar.vllm_metrics import (
     ratio,
     sample_name,
 )
-
-from dflash_ops.paths import DASHBOARDS_DIR as DASHBOARD_DIR
 
 SEL = (
     'namespace=~"$namespace", release=~"$release", pod=~"$pod", model_name=~"$model", '
@@ -490,14 +487,3 @@ DASHBOARDS = {
 
 def render() -> dict[str, str]:
     return {name: json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
-
-
-def main() -> None:
-    DASHBOARD_DIR.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
-        (DASHBOARD_DIR / name).write_text(text)
-        print(f"wrote {DASHBOARD_DIR / name}", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()

@@ -44,12 +44,17 @@ def parse_k(text: str) -> list[int]:
     return list(range(low, high + 1))
 
 
-def validate_tp(ckpt: HybridCheckpoint, tp: int) -> None:
-    heads = {
+def tp_heads(ckpt: HybridCheckpoint) -> dict[str, int]:
+    """The head counts a tensor-parallel size must divide."""
+    return {
         "num_attention_heads": ckpt.num_attention_heads,
         "linear_num_key_heads": ckpt.linear_num_key_heads,
         "linear_num_value_heads": ckpt.linear_num_value_heads,
     }
+
+
+def validate_tp(ckpt: HybridCheckpoint, tp: int) -> None:
+    heads = tp_heads(ckpt)
     bad = [f"{name}={value}" for name, value in heads.items() if tp < 1 or value % tp]
     if bad:
         valid = [t for t in (1, 2, 4, 8, 16) if all(v % t == 0 for v in heads.values())]
