@@ -4,7 +4,7 @@ acceptance windows, proves the engine can generate, and decides readiness and li
 Readiness needs more than `/health`: vLLM can answer 200 there while its engine core is dead. So
 the monitor also requires token progress: either the engine's generation counter moved recently,
 or a one-token canary completion succeeded (sent only while the engine is idle, at most once per
-`canary_interval_s`); and while requests run, tokens must keep coming.
+`canary_interval`); and while requests run, tokens must keep coming.
 
 Nothing the engine sends can break the monitor: every probe has one total deadline, a page that
 does not parse is counted and logged (rate-limited), an untrusted sample is dropped for that
@@ -83,7 +83,7 @@ class EngineMonitor:
     ) -> None:
         self.settings = settings
         self.client = client or httpx.AsyncClient(
-            base_url=settings.engine_base, timeout=settings.scrape_timeout_s
+            base_url=settings.engine_base, timeout=settings.scrape_timeout
         )
         self.windows: dict[SeriesKey, AcceptanceWindow] = {}
         self.probe = ProbeState(served_model=settings.served_model)
@@ -93,7 +93,7 @@ class EngineMonitor:
         self._verdict: Verdict = Verdict.NO_DATA
         self.started_at = time.monotonic() if started_at is None else started_at
         self.started_at_unix = time.time()
-        self.engine = EngineStateTracker(self.started_at, settings.startup_budget_s)
+        self.engine = EngineStateTracker(self.started_at, settings.startup_budget)
         self.logs = LogLimiter(log)
 
     # -- one cycle ---------------------------------------------------------------------------
@@ -187,19 +187,19 @@ class EngineMonitor:
     async def _check_generation(self, now: float) -> None:
         """Prove the engine core generates: recent token progress, else a 1-token canary."""
         recent = self.probe.last_progress_at
-        if recent is not None and now - recent < self.settings.canary_interval_s:
+        if recent is not None and now - recent < self.settings.canary_interval:
             self.probe.canary_failure = None
             return
         if now < self.probe.canary_due_at or self.probe.requests_running > 0:
             return
-        self.probe.canary_due_at = now + self.settings.canary_interval_s
+        self.probe.canary_due_at = now + self.settings.canary_interval
         try:
-            async with asyncio.timeout(self.settings.canary_timeout_s):
+            async with asyncio.timeout(self.settings.canary_timeout):
                 model = self.probe.served_model or await self._served_model()
                 reply = await self.client.post(
                     "/v1/completions",
                     json={"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0},
-                    timeout=self.settings.canary_timeout_s,
+                    timeout=self.settings.canary_timeout,
                 )
             if reply.status_code != 200:
                 raise RuntimeError(
@@ -209,7 +209,7 @@ class EngineMonitor:
             self.probe.canary_failure = None
         except TimeoutError:
             self.probe.canary_failure = (
-                f"canary completion timed out after {self.settings.canary_timeout_s:g}s"
+                f"canary completion timed out after {self.settings.canary_timeout:g}s"
             )
             self._count_error("canary", self.probe.canary_failure)
         except (httpx.HTTPError, RuntimeError, KeyError, IndexError, TypeError, ValueError) as err:
@@ -226,7 +226,7 @@ class EngineMonitor:
     async def _get(self, path: str) -> tuple[httpx.Response | None, str | None]:
         """GET with one total deadline (a server that trickles bytes cannot hold the probe):
         the response, or None and what went wrong."""
-        timeout = self.settings.scrape_timeout_s
+        timeout = self.settings.scrape_timeout
         try:
             async with asyncio.timeout(timeout):
                 return await self.client.get(path), None
@@ -244,14 +244,14 @@ class EngineMonitor:
     # -- readiness, liveness and stats -------------------------------------------------------
     def _stale_after(self) -> float:
         """Age beyond which a snapshot no longer describes the engine."""
-        return 2 * self.settings.scrape_interval_s + self.settings.scrape_timeout_s
+        return 2 * self.settings.scrape_interval + self.settings.scrape_timeout
 
     def _stalled(self, now: float) -> bool:
         p = self.probe
         return (
             p.requests_running > 0
             and p.last_progress_at is not None
-            and now - p.last_progress_at > self.settings.stall_timeout_s
+            and now - p.last_progress_at > self.settings.stall_timeout
         )
 
     def _generating(self, now: float) -> bool:
@@ -263,7 +263,7 @@ class EngineMonitor:
     def readiness(self, now: float | None = None) -> Readiness:
         now = time.monotonic() if now is None else now
         p, s = self.probe, self.settings
-        fresh = p.last_probe_at is not None and now - p.last_probe_at <= 2 * s.scrape_interval_s
+        fresh = p.last_probe_at is not None and now - p.last_probe_at <= 2 * s.scrape_interval
         state = self.engine.state
         checks = {
             "probe_fresh": fresh,
@@ -279,12 +279,12 @@ class EngineMonitor:
         elif state is EngineState.STARTING:
             reason = (
                 f"engine loading: no answer from /health yet ({p.health_detail}); "
-                f"{now - self.engine.started_at:.0f}s of the {s.startup_budget_s:.0f}s "
+                f"{now - self.engine.started_at:.0f}s of the {s.startup_budget:.0f}s "
                 "startup budget"
             )
         elif state is EngineState.START_TIMEOUT:
             reason = (
-                f"engine did not come up within the {s.startup_budget_s:.0f}s startup budget: "
+                f"engine did not come up within the {s.startup_budget:.0f}s startup budget: "
                 f"{p.health_detail}"
             )
         elif not p.health_ok:
@@ -311,15 +311,15 @@ class EngineMonitor:
         seconds = self.engine.seconds_in_state(now)
         fresh = (
             self.probe.last_probe_at is not None
-            and now - self.probe.last_probe_at <= 2 * s.scrape_interval_s + s.scrape_timeout_s
+            and now - self.probe.last_probe_at <= 2 * s.scrape_interval + s.scrape_timeout
         )
-        if fresh and state is EngineState.DOWN and seconds >= s.engine_down_grace_s:
+        if fresh and state is EngineState.DOWN and seconds >= s.engine_down_grace:
             return EngineLiveness(
                 alive=False,
                 state=state,
                 reason=f"/health has failed for {seconds:.0f}s: {self.probe.health_detail}",
             )
-        if fresh and state is EngineState.NOT_GENERATING and seconds >= s.not_generating_grace_s:
+        if fresh and state is EngineState.NOT_GENERATING and seconds >= s.not_generating_grace:
             return EngineLiveness(
                 alive=False,
                 state=state,
@@ -422,7 +422,7 @@ class EngineMonitor:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run_forever(self) -> None:
-        interval = self.settings.scrape_interval_s
+        interval = self.settings.scrape_interval
         while True:
             started = time.monotonic()
             try:

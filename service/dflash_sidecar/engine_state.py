@@ -24,7 +24,7 @@ class EngineState(StrEnum):
 @dataclass
 class EngineStateTracker:
     started_at: float  # when the sidecar started watching (monotonic seconds)
-    startup_budget_s: float
+    startup_budget: float
     state: EngineState = EngineState.STARTING
     since: float = 0.0
     has_served: bool = False  # /health answered 200 at least once since the sidecar started
@@ -38,7 +38,7 @@ class EngineStateTracker:
             state = EngineState.SERVING if generating else EngineState.NOT_GENERATING
         elif self.has_served:
             state = EngineState.DOWN
-        elif now - self.started_at > self.startup_budget_s:
+        elif now - self.started_at > self.startup_budget:
             state = EngineState.START_TIMEOUT
         else:
             state = EngineState.STARTING

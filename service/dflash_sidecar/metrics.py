@@ -69,7 +69,7 @@ class SidecarCollector(Collector):
             "dflash_engine_startup_budget_seconds",
             "Seconds an engine may take to load before it counts as failed to start.",
         )
-        budget.add_metric([], monitor.settings.startup_budget_s)
+        budget.add_metric([], monitor.settings.startup_budget)
         yield budget
         thresholds = GaugeMetricFamily(
             "dflash_verdict_threshold",

@@ -1,60 +1,116 @@
-"""Sidecar settings: flags and `DFLASH_SIDECAR_*` environment variables, validated at start."""
+"""Sidecar settings, validated at start. One naming rule for every setting `name`:
+
+    flag       --name-with-dashes         (dflash-serve sidecar --help lists them all)
+    variable   DFLASH_SIDECAR_NAME        (flags win over variables)
+    chart      sidecar.nameInCamelCase    (verdict thresholds: sidecar.thresholds.nameInCamelCase)
+
+Durations are seconds. The verdict thresholds are settings too, named as in VerdictThresholds.
+"""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from dflash_sidecar.verdict import VerdictThresholds
 
 DEFAULT_WINDOWS = {"1m": 60.0, "5m": 300.0, "15m": 900.0}
 ENV_PREFIX = "DFLASH_SIDECAR_"
+# Field metadata: the unit --help shows.
+SECONDS: JsonDict = {"unit": "s"}
 
 
 class SidecarSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     engine_url: AnyHttpUrl = Field(
-        default=AnyHttpUrl("http://127.0.0.1:8000"), description="vLLM engine, on loopback"
+        default=AnyHttpUrl("http://127.0.0.1:8000"),
+        description="the vLLM engine's base URL (loopback: same pod)",
     )
-    host: str = "0.0.0.0"
-    port: int = Field(default=9100, ge=1, le=65535)
-    scrape_interval_s: float = Field(default=2.0, gt=0, le=60)
-    scrape_timeout_s: float = Field(default=1.5, gt=0)
-    windows: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WINDOWS))
-    canary_interval_s: float = Field(
+    host: str = Field(default="0.0.0.0", description="listen address")
+    port: int = Field(default=9100, ge=1, le=65535, description="listen port")
+    scrape_interval: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="time between engine probes",
+        json_schema_extra=SECONDS,
+    )
+    scrape_timeout: float = Field(
+        default=1.5,
+        gt=0,
+        description="deadline of one engine probe, below twice scrape_interval",
+        json_schema_extra=SECONDS,
+    )
+    windows: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_WINDOWS),
+        description="window lengths, each a number and a unit s, m or h",
+    )
+    verdict_window: str = Field(
+        default="5m", description="the window the verdict and its events follow (one of windows)"
+    )
+    canary_interval: float = Field(
         default=60.0,
         gt=0,
         description=(
             "an idle engine is asked for one token at most this often to prove it can generate; "
             "never while real traffic shows token progress"
         ),
+        json_schema_extra=SECONDS,
     )
-    canary_timeout_s: float = Field(default=20.0, gt=0)
-    stall_timeout_s: float = Field(
-        default=120.0, gt=0, description="requests running with no token progress this long"
+    canary_timeout: float = Field(
+        default=20.0,
+        gt=0,
+        description="deadline of one canary completion",
+        json_schema_extra=SECONDS,
     )
-    served_model: str | None = Field(default=None, description="model for the canary")
-    startup_budget_s: float = Field(
+    stall_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="requests running with no token progress this long: not generating",
+        json_schema_extra=SECONDS,
+    )
+    served_model: str | None = Field(
+        default=None, description="model name for the canary (default: the first of /v1/models)"
+    )
+    startup_budget: float = Field(
         default=3600.0,
         gt=0,
         description="an engine may load this long before it counts as failed to start",
+        json_schema_extra=SECONDS,
     )
-    engine_down_grace_s: float = Field(
+    engine_down_grace: float = Field(
         default=120.0,
         gt=0,
         description="/livez/engine fails once /health has failed this long after serving",
+        json_schema_extra=SECONDS,
     )
-    not_generating_grace_s: float = Field(
+    not_generating_grace: float = Field(
         default=600.0,
         gt=0,
         description="/livez/engine fails once /health answers without generation this long",
+        json_schema_extra=SECONDS,
     )
     max_series: int = Field(default=32, ge=1, description="engine/model label sets tracked")
     thresholds: VerdictThresholds = Field(default_factory=VerdictThresholds)
-    verdict_window: str = "5m"
-    kubernetes_events: bool = False
-    pod_name: str | None = None
-    pod_namespace: str | None = None
+    kubernetes_events: bool = Field(
+        default=False,
+        description="emit Kubernetes Events on the pod when the verdict changes "
+        "(needs pod_name and pod_namespace)",
+    )
+    pod_name: str | None = Field(default=None, description="this pod (downward API)")
+    pod_namespace: str | None = Field(default=None, description="its namespace (downward API)")
+    log_level: str = Field(
+        default="info",
+        pattern="^(debug|info|warning|error)$",
+        description="debug, info, warning or error",
+    )
 
     @field_validator("windows")
     @classmethod
@@ -65,18 +121,21 @@ class SidecarSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SidecarSettings:
-        if self.scrape_timeout_s >= self.scrape_interval_s * 2:
+        if self.scrape_timeout >= self.scrape_interval * 2:
             raise ValueError(
-                f"scrape_timeout_s ({self.scrape_timeout_s}) must be below twice "
-                f"scrape_interval_s ({self.scrape_interval_s})"
+                f"scrape_timeout ({self.scrape_timeout:g}) must be below twice "
+                f"scrape_interval ({self.scrape_interval:g})"
             )
         if self.verdict_window not in self.windows:
             raise ValueError(
                 f"verdict_window {self.verdict_window!r} is not one of the windows "
                 f"({', '.join(self.windows)})"
             )
-        if min(self.windows.values()) < self.scrape_interval_s * 2:
-            raise ValueError("every window must span at least two scrape intervals")
+        if min(self.windows.values()) < self.scrape_interval * 2:
+            raise ValueError(
+                f"every window must span at least two scrape intervals "
+                f"(2 x {self.scrape_interval:g}s); the shortest is {min(self.windows.values()):g}s"
+            )
         if self.kubernetes_events and not (self.pod_name and self.pod_namespace):
             raise ValueError(
                 "kubernetes_events needs pod_name and pod_namespace "
@@ -91,7 +150,69 @@ class SidecarSettings(BaseModel):
     @property
     def window_capacity(self) -> int:
         """Snapshots kept per series: the longest window plus two intervals of slack."""
-        return int(max(self.windows.values()) / self.scrape_interval_s) + 3
+        return int(max(self.windows.values()) / self.scrape_interval) + 3
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as users spell it: its flag, its variable, its unit and its default."""
+
+    name: str
+    field: FieldInfo
+    threshold: bool  # lives in VerdictThresholds
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def variable(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def chart_value(self) -> str:
+        head, *rest = self.name.split("_")
+        camel = head + "".join(word.title() for word in rest)
+        return f"sidecar.thresholds.{camel}" if self.threshold else f"sidecar.{camel}"
+
+    @property
+    def unit(self) -> str | None:
+        extra = self.field.json_schema_extra
+        return str(extra["unit"]) if isinstance(extra, dict) and "unit" in extra else None
+
+    @property
+    def is_flag_only_switch(self) -> bool:
+        return self.field.annotation is bool
+
+    @property
+    def metavar(self) -> str:
+        if self.unit == "s":
+            return "SECONDS"
+        if self.field.annotation is int:
+            return "N"
+        return "X" if self.field.annotation is float else "TEXT"
+
+    def default_text(self) -> str:
+        if self.name == "windows":
+            return ",".join(DEFAULT_WINDOWS)
+        default = self.field.get_default(call_default_factory=True)
+        return "none" if default is None else str(default)
+
+    def help(self) -> str:
+        unit = f"{self.unit}; " if self.unit else ""
+        return (
+            f"{self.field.description or ''} [{unit}default {self.default_text()}; {self.variable}]"
+        )
+
+
+def settings_spec() -> Iterator[Setting]:
+    """Every setting, thresholds flattened, in the order --help lists them."""
+    for name, field in SidecarSettings.model_fields.items():
+        if name == "thresholds":
+            for threshold, info in VerdictThresholds.model_fields.items():
+                yield Setting(threshold, info, threshold=True)
+        else:
+            yield Setting(name, field, threshold=False)
 
 
 def parse_windows(text: str) -> dict[str, float]:
@@ -106,26 +227,40 @@ def parse_windows(text: str) -> dict[str, float]:
     return windows
 
 
+def _from_text(setting: Setting, raw: str) -> Any:
+    if setting.name == "windows":
+        return parse_windows(raw)
+    if setting.field.annotation is bool:
+        value = raw.strip().lower()
+        if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"{setting.variable}={raw!r}: expected true or false")
+        return value in ("1", "true", "yes", "on")
+    return raw
+
+
 def from_env(environ: dict[str, str], **overrides: object) -> SidecarSettings:
-    """Settings from `DFLASH_SIDECAR_*` variables, then explicit overrides (CLI flags)."""
+    """Settings from `DFLASH_SIDECAR_*` variables, then explicit overrides (flags, by name)."""
+    spec = {s.variable: s for s in settings_spec()}
     values: dict[str, object] = {}
-    thresholds: dict[str, str] = {}
-    threshold_fields = set(VerdictThresholds.model_fields)
+    thresholds: dict[str, object] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
-        name = key[len(ENV_PREFIX) :].lower()
-        if name in threshold_fields:
-            thresholds[name] = raw
-        elif name == "windows":
-            values[name] = parse_windows(raw)
-        elif name == "kubernetes_events":
-            values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
-        elif name in SidecarSettings.model_fields:
-            values[name] = raw
+        setting = spec.get(key)
+        if setting is None:
+            close = difflib.get_close_matches(key, spec, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ValueError(
+                f"unknown setting {key}{hint} (dflash-serve sidecar --help lists them)"
+            )
+        (thresholds if setting.threshold else values)[setting.name] = _from_text(setting, raw)
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name in VerdictThresholds.model_fields:
+            thresholds[name] = value
         else:
-            raise ValueError(f"unknown setting {key}")
+            values[name] = value
     if thresholds:
         values["thresholds"] = thresholds
-    values.update({k: v for k, v in overrides.items() if v is not None})
     return SidecarSettings.model_validate(values)

@@ -142,7 +142,7 @@ def test_sidecar_acceptance_equals_the_raw_counters(local_stack: stack.StackStat
 
     async def scenario() -> tuple[dict[str, float], dict[str, float], object]:
         monitor = EngineMonitor(
-            SidecarSettings(engine_url=engine_url, scrape_timeout_s=3.0), started_at=0.0
+            SidecarSettings(engine_url=engine_url, scrape_timeout=3.0), started_at=0.0
         )
         endpoint = Endpoint(engine_url)
         try:

@@ -20,8 +20,8 @@ def wait_for(check, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-de
 
 def fast_settings(**overrides: object) -> SidecarSettings:
     values: dict[str, object] = {
-        "scrape_interval_s": 0.1,
-        "scrape_timeout_s": 0.15,
+        "scrape_interval": 0.1,
+        "scrape_timeout": 0.15,
         "windows": {"1m": 60.0, "5m": 300.0},
         "verdict_window": "1m",
     }
@@ -77,7 +77,7 @@ def test_metrics_page_is_valid_exposition_in_every_state(before_text: str) -> No
 def test_engine_liveness_answers_503_only_after_the_grace(before_text: str) -> None:
     engine = FakeEngine(before_text)
     engine.completion_status = 500  # /health 200, engine core dead
-    settings = fast_settings(canary_interval_s=0.1, not_generating_grace_s=0.5)
+    settings = fast_settings(canary_interval=0.1, not_generating_grace=0.5)
     monitor = EngineMonitor(settings, client=engine.client())
     with TestClient(create_app(settings, monitor)) as client:
         wait_for(lambda: client.get("/readyz").json()["state"] == "not_generating")

@@ -16,7 +16,7 @@ from tests.service.fake_engine import Counters, FakeEngine, vllm_page
 
 
 def monitor_for(engine: FakeEngine, **settings: object) -> EngineMonitor:
-    values: dict[str, object] = {"scrape_interval_s": 2.0, "canary_interval_s": 10.0}
+    values: dict[str, object] = {"scrape_interval": 2.0, "canary_interval": 10.0}
     values.update(settings)
     return EngineMonitor(
         SidecarSettings.model_validate(values), client=engine.client(), started_at=0.0
@@ -102,7 +102,7 @@ def test_token_progress_replaces_the_canary(before_text: str, after_text: str) -
 
 def test_the_canary_is_rare_on_an_idle_engine(before_text: str) -> None:
     engine = FakeEngine(before_text)
-    monitor = monitor_for(engine, canary_interval_s=60.0)
+    monitor = monitor_for(engine, canary_interval=60.0)
     for t in range(0, 300, 2):
         cycle(monitor, float(t))
     assert engine.completions == 5  # one a minute
@@ -259,7 +259,7 @@ def test_windows_end_now_a_killed_engine_is_never_healthy() -> None:
 def test_a_trickling_health_answer_is_cut_at_one_total_deadline() -> None:
     engine, _ = scripted()
     engine.health_trickle_s = 0.05  # 1000 bytes: 50 s if each read had its own timeout
-    monitor = monitor_for(engine, scrape_timeout_s=0.5)
+    monitor = monitor_for(engine, scrape_timeout=0.5)
     started = time.monotonic()
     cycle(monitor, 0.0)
     assert time.monotonic() - started < 2.0
@@ -281,7 +281,7 @@ def test_repeated_faults_are_logged_rate_limited(caplog: pytest.LogCaptureFixtur
 
 def test_liveness_fails_only_after_a_long_proven_failure(before_text: str) -> None:
     engine = FakeEngine(before_text)
-    monitor = monitor_for(engine, engine_down_grace_s=120.0, not_generating_grace_s=600.0)
+    monitor = monitor_for(engine, engine_down_grace=120.0, not_generating_grace=600.0)
     engine.reachable = False
     for t in range(0, 400, 2):  # loading: never a reason to restart
         cycle(monitor, float(t))
@@ -306,7 +306,7 @@ def test_liveness_fails_only_after_a_long_proven_failure(before_text: str) -> No
 def test_an_engine_that_never_comes_up_times_out(before_text: str) -> None:
     engine = FakeEngine(before_text)
     engine.reachable = False
-    monitor = monitor_for(engine, startup_budget_s=300.0)
+    monitor = monitor_for(engine, startup_budget=300.0)
     cycle(monitor, 299.0)
     assert monitor.engine.state is EngineState.STARTING
     cycle(monitor, 301.0)

@@ -80,7 +80,7 @@ def test_no_page_sequence_yields_an_impossible_figure(data: st.DataObject) -> No
     engine = FakeEngine(vllm_page(counters))
     monitor = EngineMonitor(
         SidecarSettings(
-            scrape_interval_s=2.0,
+            scrape_interval=2.0,
             windows={"1m": 60.0, "5m": 300.0},
             verdict_window="1m",
             max_series=4,

@@ -25,11 +25,11 @@ def test_env_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"DFLASH_SIDECAR_SCRAPE_INTERVAL_S": "-1"}, "greater than 0"),
+        ({"DFLASH_SIDECAR_SCRAPE_INTERVAL": "-1"}, "greater than 0"),
         ({"DFLASH_SIDECAR_ENGINE_URL": "not a url"}, "URL"),
         ({"DFLASH_SIDECAR_VERDICT_WINDOW": "7m"}, "verdict_window '7m' is not one of the windows"),
         ({"DFLASH_SIDECAR_KUBERNETES_EVENTS": "true"}, "needs pod_name and pod_namespace"),
-        ({"DFLASH_SIDECAR_SCRAPE_TIMEOUT_S": "10"}, "must be below twice"),
+        ({"DFLASH_SIDECAR_SCRAPE_TIMEOUT": "10"}, "must be below twice"),
     ],
 )
 def test_bad_settings_name_the_value(env: dict[str, str], message: str) -> None:
@@ -45,3 +45,24 @@ def test_unknown_variable_is_rejected() -> None:
 def test_bad_window_text() -> None:
     with pytest.raises(ValueError, match="window '5x'"):
         parse_windows("1m,5x")
+
+
+def test_an_old_variable_name_gets_the_new_one() -> None:
+    with pytest.raises(ValueError, match="did you mean DFLASH_SIDECAR_SCRAPE_INTERVAL"):
+        from_env({"DFLASH_SIDECAR_SCRAPE_INTERVAL_S": "2"})
+
+
+def test_one_naming_rule_for_every_setting() -> None:
+    from dflash_sidecar.settings import settings_spec
+
+    names = {s.name for s in settings_spec()}
+    assert {"scrape_interval", "collapsed_mean_acceptance_length", "log_level"} <= names
+    for setting in settings_spec():
+        assert setting.flag == "--" + setting.name.replace("_", "-")
+        assert setting.variable == "DFLASH_SIDECAR_" + setting.name.upper()
+        # every setting reads from its variable
+        if setting.name in ("kubernetes_events", "pod_name", "pod_namespace", "windows"):
+            continue
+        default = setting.field.get_default(call_default_factory=True)
+        if default is not None:
+            assert from_env({setting.variable: str(default)}) is not None

@@ -152,16 +152,26 @@ Call with (dict "root" $ "role" ROLE). */}}
     - --served-model
     - {{ .Values.model.servedName | quote }}
   env:
-    - name: DFLASH_SIDECAR_SCRAPE_INTERVAL_S
+    - name: DFLASH_SIDECAR_SCRAPE_INTERVAL
       value: {{ .Values.sidecar.scrapeInterval | quote }}
+    - name: DFLASH_SIDECAR_SCRAPE_TIMEOUT
+      value: {{ .Values.sidecar.scrapeTimeout | quote }}
     - name: DFLASH_SIDECAR_WINDOWS
       value: {{ .Values.sidecar.windows | quote }}
-    - name: DFLASH_SIDECAR_ENGINE_DOWN_GRACE_S
+    - name: DFLASH_SIDECAR_VERDICT_WINDOW
+      value: {{ .Values.sidecar.verdictWindow | quote }}
+    - name: DFLASH_SIDECAR_CANARY_INTERVAL
+      value: {{ .Values.sidecar.canaryInterval | quote }}
+    - name: DFLASH_SIDECAR_LOG_LEVEL
+      value: {{ .Values.sidecar.logLevel | quote }}
+    - name: DFLASH_SIDECAR_ENGINE_DOWN_GRACE
       value: {{ .Values.probes.liveness.engineDownSeconds | quote }}
-    - name: DFLASH_SIDECAR_NOT_GENERATING_GRACE_S
+    - name: DFLASH_SIDECAR_NOT_GENERATING_GRACE
       value: {{ .Values.probes.liveness.notGeneratingSeconds | quote }}
-    - name: DFLASH_SIDECAR_STARTUP_BUDGET_S
+    - name: DFLASH_SIDECAR_STARTUP_BUDGET
       value: {{ include "dflash-serve.startupBudgetSeconds" . | quote }}
+    - name: DFLASH_SIDECAR_MIN_DRAFTS
+      value: {{ .Values.sidecar.thresholds.minDrafts | quote }}
     - name: DFLASH_SIDECAR_COLLAPSED_MEAN_ACCEPTANCE_LENGTH
       value: {{ .Values.sidecar.thresholds.collapsedMeanAcceptanceLength | quote }}
     - name: DFLASH_SIDECAR_DEGRADED_MEAN_ACCEPTANCE_LENGTH

@@ -34,7 +34,7 @@ class SidecarCost(BaseModel):
     parse_p50_ms: float
     reference_parse_p50_ms: float
     simulated_hours: float
-    scrape_interval_s: float
+    scrape_interval: float
     rss_mb: dict[str, float]
 
 
@@ -81,7 +81,7 @@ def rss_mb() -> float:
 
 def time_cycles(cycles: int, interval_s: float) -> tuple[int, list[float]]:
     page = _Advancing(large_exposition())
-    monitor = EngineMonitor(SidecarSettings(scrape_interval_s=interval_s))
+    monitor = EngineMonitor(SidecarSettings(scrape_interval=interval_s))
     texts = [page.at(i) for i in range(cycles)]  # built up front: only ingest is timed
     timings = []
     for i, text in enumerate(texts):
@@ -112,7 +112,7 @@ def simulate_day(hours: float, interval_s: float) -> dict[str, float]:
     """RSS of a process holding the sidecar app and one monitor fed `hours` of scrapes."""
     from dflash_sidecar.app import create_app
 
-    settings = SidecarSettings(scrape_interval_s=interval_s)
+    settings = SidecarSettings(scrape_interval=interval_s)
     monitor = EngineMonitor(settings)
     create_app(settings, monitor)  # the same imports and objects as the running sidecar
     page = _Advancing(large_exposition())
@@ -157,7 +157,7 @@ def measure(cycles: int = 2000, hours: float = 24.0, interval_s: float = 2.0) ->
         parse_p50_ms=round(parse_ms, 3),
         reference_parse_p50_ms=round(reference_ms, 3),
         simulated_hours=hours,
-        scrape_interval_s=interval_s,
+        scrape_interval=interval_s,
         rss_mb=json.loads(child.stdout.strip().splitlines()[-1]),
     )
 

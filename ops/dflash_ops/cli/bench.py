@@ -231,7 +231,7 @@ def run_sidecar_cost(args: argparse.Namespace) -> int:
         f"scrape+parse+window update on {cost.exposition_lines} lines: p50 {cost.p50_ms:.2f} ms, "
         f"p99 {cost.p99_ms:.2f} ms; parse alone {cost.parse_p50_ms:.2f} ms vs "
         f"prometheus_client's parser {cost.reference_parse_p50_ms:.2f} ms (p50); RSS over "
-        f"{cost.simulated_hours:g} h of {cost.scrape_interval_s:g} s scrapes: "
+        f"{cost.simulated_hours:g} h of {cost.scrape_interval:g} s scrapes: "
         + ", ".join(f"{k} {v:.1f} MB" for k, v in cost.rss_mb.items())
     )
     return 0

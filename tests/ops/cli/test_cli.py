@@ -42,7 +42,7 @@ def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> N
         (["bench", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["local", "up", "--k", "99"], "num_speculative_tokens must be 1 to 15"),
         (["local", "up", "--engine-port", "70000"], "a port is 1 to 65535"),
-        (["sidecar", "--scrape-interval", "-1"], "scrape_interval_s"),
+        (["sidecar", "--scrape-interval", "-1"], "scrape_interval"),
     ],
 )
 def test_garbage_flags_get_one_line_errors(
@@ -63,3 +63,16 @@ def test_compare_accepts_a_directory_and_names_a_foreign_file(
     (tmp_path / "results.json").write_text('{"not": "a benchmark"}')
     assert main(["bench", "compare", str(tmp_path), str(tmp_path)]) == 2
     assert "is not a dflash-serve results.json" in capsys.readouterr().err
+
+
+def test_sidecar_help_lists_every_setting_with_unit_default_and_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dflash_sidecar.settings import settings_spec
+
+    with pytest.raises(SystemExit):
+        main(["sidecar", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for setting in settings_spec():
+        assert setting.flag in text and setting.variable in text, setting.name
+    assert "[s; default 2.0; DFLASH_SIDECAR_SCRAPE_INTERVAL]" in text

@@ -93,7 +93,7 @@ class Sidecar:
     """The real `dflash-serve sidecar` process, with fast intervals."""
 
     def __init__(
-        self, engine_port: int, startup_budget_s: float, env: dict[str, str] | None = None
+        self, engine_port: int, startup_budget: float, env: dict[str, str] | None = None
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -122,9 +122,7 @@ class Sidecar:
                 "--log-level",
                 "warning",
             ],
-            env=os.environ
-            | {"DFLASH_SIDECAR_STARTUP_BUDGET_S": str(startup_budget_s)}
-            | (env or {}),
+            env=os.environ | {"DFLASH_SIDECAR_STARTUP_BUDGET": str(startup_budget)} | (env or {}),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -163,7 +161,7 @@ def captures() -> Iterator[dict[str, Capture]]:
     reserved = socket.socket()
     reserved.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
     port = int(reserved.getsockname()[1])
-    sidecar = Sidecar(port, startup_budget_s=3600)
+    sidecar = Sidecar(port, startup_budget=3600)
     engine: FakeEngineServer | None = None
     try:
         wait_until(lambda: sidecar.state() == "starting", 10, "loading state")
@@ -193,7 +191,7 @@ def captures() -> Iterator[dict[str, Capture]]:
         if engine is not None:
             engine.stop()
         reserved.close()
-    never = Sidecar(free_port(), startup_budget_s=1)
+    never = Sidecar(free_port(), startup_budget=1)
     try:
         wait_until(lambda: never.state() == "start_timeout", 20, "start_timeout state")
         found["start_timeout"] = capture(never, None)
@@ -387,7 +385,7 @@ def test_verdict_and_alerts_follow_the_thresholds_in_the_values(
     values.write_text(yaml.safe_dump(chart_overrides(sets)))
     render = helm_template([values], [], "dflash", "llm")
     engine = FakeEngineServer()
-    sidecar = Sidecar(engine.port, startup_budget_s=3600, env=sidecar_threshold_env(render))
+    sidecar = Sidecar(engine.port, startup_budget=3600, env=sidecar_threshold_env(render))
     try:
         engine.load = "weak"
         wait_until(lambda: sidecar.state() == "serving", 20, "serving state")
