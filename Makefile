@@ -43,7 +43,8 @@ generate: setup ## regenerate every committed generated file (dashboards, chart 
 generate-check: setup ## fail if a committed generated file is stale
 	@$(PY) -m dflash_ops.generate --check
 
-demo: setup ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
+demo: ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
+	@bash ops/setup/setup.sh demo
 	@$(VENV)/bin/dflash-serve local up
 	@$(VENV)/bin/dflash-serve bench --base-url http://127.0.0.1:8000 --concurrency 1,4 --out bench-out
 	@echo "==> plot: bench-out/acceptance.png; table: bench-out/results.md"

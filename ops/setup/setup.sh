@@ -8,6 +8,7 @@
 #                                    .venv-tools: checkov (policy scanner; its many pins stay out of .venv);
 #                                    podman, runc and debootstrap (the image builds and runs in the tests)
 #   ops/setup/setup.sh vllm-wheel    only fetch (and check) the vllm==0.33.0 wheel
+#   ops/setup/setup.sh demo          what `make demo` uses: the project env and prometheus
 #   ops/setup/setup.sh all           everything above
 #
 # Every step writes a stamp keyed by the hash of its inputs; a second run with unchanged inputs
@@ -205,10 +206,14 @@ case "${1:-all}" in
   vllm033-env) timed "vLLM $VLLM_VERSION env" vllm033_env ;;
   vllm-wheel) fetch_vllm_wheel ;;
   tools) tools ;;
+  demo)
+    timed "project env" project_env
+    timed "prometheus" prometheus
+    ;;
   all)
     timed "project env" project_env
     timed "vLLM $VLLM_VERSION env" vllm033_env
     tools
     ;;
-  *) echo "usage: $0 [project-env|vllm033-env|tools|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [project-env|vllm033-env|tools|demo|all]" >&2; exit 2 ;;
 esac
