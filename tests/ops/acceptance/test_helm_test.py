@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from dflash_ops.acceptance import helm_test as helm_checks
+from dflash_ops.acceptance import helm_test
 
 from tests.service.fake_engine import Counters, vllm_page
 
@@ -69,13 +69,13 @@ def test_spec_metrics_sees_the_pod_that_served_even_when_the_service_reads_anoth
 ) -> None:
     # The Service sends the chat to pod 1; a /metrics read through it could land on pod 0.
     with httpx.Client(base_url=pods[1].url, timeout=10) as client:
-        message = helm_checks.spec_metrics(client, "m", [p.url for p in pods])
+        message = helm_test.spec_metrics(client, "m", [p.url for p in pods])
     assert message.startswith("speculative counters moving over 2 pod(s): drafts 0 -> 5")
     with (
         httpx.Client(base_url=pods[1].url, timeout=10) as client,
-        pytest.raises(helm_checks.CheckFailed, match="did not move on any of 1 pods"),
+        pytest.raises(helm_test.CheckFailed, match="did not move on any of 1 pods"),
     ):
-        helm_checks.spec_metrics(client, "m", [pods[0].url], settle_s=0.5)
+        helm_test.spec_metrics(client, "m", [pods[0].url], settle_s=0.5)
 
 
 def test_chat_and_tool_call_checks_fail_on_wrong_answers() -> None:
@@ -96,24 +96,24 @@ def test_chat_and_tool_call_checks_fail_on_wrong_answers() -> None:
     )
     try:
         with httpx.Client(base_url=wrong.url, timeout=10) as client:
-            with pytest.raises(helm_checks.CheckFailed, match="expected 4"):
-                helm_checks.chat(client, "m")
-            with pytest.raises(helm_checks.CheckFailed, match="finish_reason is 'stop'"):
-                helm_checks.tool_call(client, "m")
+            with pytest.raises(helm_test.CheckFailed, match="expected 4"):
+                helm_test.chat(client, "m")
+            with pytest.raises(helm_test.CheckFailed, match="finish_reason is 'stop'"):
+                helm_test.tool_call(client, "m")
         with httpx.Client(base_url=tool.url, timeout=10) as client:
-            assert "get_weather({'city': 'Paris'})" in helm_checks.tool_call(client, "m")
+            assert "get_weather({'city': 'Paris'})" in helm_test.tool_call(client, "m")
     finally:
         wrong.close()
         tool.close()
 
 
 def test_pods_are_found_through_dns() -> None:
-    assert "http://127.0.0.1:8000" in helm_checks.pod_addresses("localhost", 8000)
-    with pytest.raises(helm_checks.CheckFailed, match="cannot resolve the serving pods"):
-        helm_checks.pod_addresses("no-such-service.invalid", 8000)
+    assert "http://127.0.0.1:8000" in helm_test.pod_addresses("localhost", 8000)
+    with pytest.raises(helm_test.CheckFailed, match="cannot resolve the serving pods"):
+        helm_test.pod_addresses("no-such-service.invalid", 8000)
 
 
 def test_main_reports_a_failure_as_exit_1(pods: list[FakePod]) -> None:
     pods[0].answer = chat_answer("no idea")
-    assert helm_checks.main(["chat", "--base-url", pods[0].url, "--model", "m"]) == 1
-    assert helm_checks.main(["chat", "--base-url", pods[1].url, "--model", "m"]) == 0
+    assert helm_test.main(["chat", "--base-url", pods[0].url, "--model", "m"]) == 1
+    assert helm_test.main(["chat", "--base-url", pods[1].url, "--model", "m"]) == 0
