@@ -24,10 +24,10 @@ from dflash_ops.chart.helm import helm_template
 from dflash_ops.local import stack
 from dflash_ops.loopback import free_port
 
+from tests.conftest import REPO_ROOT
 from tests.e2e.prometheus_operator import LocalPod, rule_file, scrape_configs
 from tests.ops.observability.promql_names import (
     ALL_SERIES_VARIABLES,
-    OPS_DIR,
     dashboard_expressions,
     expand_grafana,
     metric_names,
@@ -244,9 +244,11 @@ def test_alert_expressions_evaluate_and_a_healthy_engine_raises_none(
 
 
 def test_the_hpa_metric_query_returns_the_queue_per_pod(prometheus_under_load: str) -> None:
-    config = yaml.safe_load((OPS_DIR / "prometheus" / "prometheus-adapter-values.yaml").read_text())
+    config = yaml.safe_load(
+        (REPO_ROOT / "ops" / "prometheus" / "prometheus-adapter-values.yaml").read_text()
+    )
     rule = config["rules"]["custom"][0]
-    chart = yaml.safe_load((OPS_DIR.parent / "charts" / "dflash-serve" / "values.yaml").read_text())
+    chart = yaml.safe_load((REPO_ROOT / "charts" / "dflash-serve" / "values.yaml").read_text())
     assert rule["name"]["as"] == chart["autoscaling"]["podsMetricName"]
     assert query(prometheus_under_load, rule["seriesQuery"])
     # How the adapter expands its template for "this metric, for these pods of a namespace".
@@ -274,7 +276,7 @@ def test_the_local_stack_prometheus_loads_the_rules_file(local_stack: stack.Stac
     with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as reply:
         groups = json.load(reply)["data"]["groups"]
     source = yaml.safe_load(
-        (OPS_DIR / "prometheus" / "rules" / "dflash-serve.rules.yaml").read_text()
+        (REPO_ROOT / "ops" / "prometheus" / "rules" / "dflash-serve.rules.yaml").read_text()
     )
     assert sorted(g["name"] for g in groups) == sorted(g["name"] for g in source["groups"])
     assert all(r["health"] != "err" for g in groups for r in g["rules"])

@@ -55,6 +55,12 @@ def node_ports(prefix: str) -> dict[str, str]:
     }
 
 
+def failure_summary(log: str) -> str:
+    """The lines that say why (errors anywhere in the log), then the log's end."""
+    reasons = [line for line in log.splitlines() if "Error" in line or "error" in line]
+    return "\n".join(reasons[:40]) + "\n...\n" + log[-2500:]
+
+
 def http_status(url: str) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=5) as reply:
@@ -218,8 +224,8 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
         # The head alone keeps waiting (it reports every 10 s) and does not start vLLM.
         deadline = time.monotonic() + 120
         while head_log().count("waiting for the cluster: 1/2 nodes") < 2:
-            assert head.poll() is None, head_log()[-3000:]
-            assert time.monotonic() < deadline, head_log()[-3000:]
+            assert head.poll() is None, failure_summary(head_log())
+            assert time.monotonic() < deadline, failure_summary(head_log())
             time.sleep(1)
         assert head.poll() is None and http_status(f"http://127.0.0.1:{api_port}/health") is None
         assert "exec vllm" not in head_log()
@@ -240,8 +246,8 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
         assert joined.returncode == 0, (joined.stdout + joined.stderr)[-3000:]
         deadline = time.monotonic() + 600
         while http_status(f"http://127.0.0.1:{api_port}/health") != 200:
-            assert head.poll() is None, head_log()[-3000:]
-            assert time.monotonic() < deadline, head_log()[-3000:]
+            assert head.poll() is None, failure_summary(head_log())
+            assert time.monotonic() < deadline, failure_summary(head_log())
             time.sleep(2)
         text = head_log()
         assert text.index("2/2 nodes and 2/2 GPUs joined") < text.index("exec vllm serve")

@@ -121,7 +121,7 @@ def test_a_changed_target_names_the_file_and_hunk(target_tree: Path) -> None:
         series.apply(target_tree)
     message = str(err.value)
     assert "0002-qwen4-exp-allow-dflash-drafts.patch" in message
-    assert "vllm/model_executor/models/config.py: hunk 2 (@@ -1049,14 +1094,18 @@)" in message
+    assert "vllm/model_executor/models/config.py: hunk 2 (@@ -1049,14 +1105,18 @@)" in message
     # Nothing was written: the other patches stay pending.
     assert series.status(target_tree, series.load_manifest())[0].state == PatchState.PENDING
 
