@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # The patched image's build step (docker/vllm.Dockerfile runs it; tests run it on the real wheel).
-#   docker/patch-vllm.sh [--install-project DIR] [SITE_PACKAGES]
+#   docker/patch-vllm.sh [--check-base | --install-project DIR] [SITE_PACKAGES]
 # Fails the build loudly unless vLLM is exactly 0.33.0, the series applies, every patched file
 # hashes as the manifest says and byte-compiles, and the self check finds the patch in place.
 # --install-project puts DIR's ops/, service/ and patches/ packages on the interpreter's path
-# (a .pth file and a `dflash-serve` launcher): no download, no build backend.
+# (a .pth file and a `dflash-serve` launcher): no download, no build backend. --check-base
+# stops after step 1 (the image's first step: a wrong base fails before anything is fetched).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERIES_DIR="${DFLASH_SERIES_DIR:-$HERE/../patches}"
 PYTHON="${PYTHON:-python3}"
 PROJECT=""
-if [[ "${1:-}" == "--install-project" ]]; then
+CHECK_BASE=""
+if [[ "${1:-}" == "--check-base" ]]; then
+  CHECK_BASE=1
+  shift
+elif [[ "${1:-}" == "--install-project" ]]; then
   PROJECT="$2"
   SERIES_DIR="$PROJECT/patches"
   shift 2
@@ -39,6 +44,7 @@ found = {(d.metadata["Name"] or "").lower(): d.version for d in distributions(pa
 if found.get("vllm") != "0.33.0":
     sys.exit(f"error: expected vllm==0.33.0 in {sys.argv[1]}, found {found.get('vllm') or found}")
 PY
+[[ -n "$CHECK_BASE" ]] && exit 0
 
 if [[ -n "$PROJECT" ]]; then
   printf '%s\n' "$PROJECT/ops" "$PROJECT/service" "$PROJECT/patches" >"$SITE_PACKAGES/dflash-serve.pth"
@@ -63,4 +69,5 @@ for target in targets:
 PY
 
 echo "==> [4/4] self check"
-PYTHONPATH="$SITE_PACKAGES${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$HERE/selfcheck.py"
+PYTHONPATH="$SITE_PACKAGES${PYTHONPATH:+:$PYTHONPATH}" DFLASH_EXPECT_RAY="${DFLASH_EXPECT_RAY:-}" \
+  "$PYTHON" "$HERE/selfcheck.py"

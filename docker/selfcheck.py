@@ -21,7 +21,22 @@ def fail(message: str) -> None:
     sys.exit(f"self check FAILED: {message}")
 
 
+def check_ray(expected: str) -> None:
+    """The image's Ray: the version the chart's RayCluster names, with the dashboard modules
+    of ray[default]."""
+    try:
+        import ray
+        import ray.dashboard  # noqa: F401  (ray[default])
+    except ImportError as err:
+        fail(f"Ray is not importable: {err}")
+    if ray.__version__ != expected:
+        fail(f"Ray is {ray.__version__}, the chart expects {expected} (docker/ray-version.txt)")
+    print(f"    ray {ray.__version__} with the dashboard")
+
+
 def main() -> None:
+    if os.environ.get("DFLASH_EXPECT_RAY"):
+        check_ray(os.environ["DFLASH_EXPECT_RAY"])
     import vllm
 
     if vllm.__version__ != "0.33.0":

@@ -4,7 +4,7 @@
 #
 #   docker build -f docker/vllm.Dockerfile -t ghcr.io/dflash-serve/vllm-dflash:0.33.0-dflash-0.1.0 .
 #
-# Nothing is downloaded: the project's pure-Python packages are put on the interpreter's path
+# Only Ray is downloaded: the project's pure-Python packages are put on the interpreter's path
 # (a .pth file) instead of being pip-installed, which would fetch a build backend. The CLI's
 # patch and plan commands import only what the vLLM image already has (pydantic, pyyaml).
 # Build with the Docker image format (podman: --format docker).
@@ -23,12 +23,20 @@ LABEL org.opencontainers.image.title="vllm-dflash" \
       io.dflash-serve.patch-series.sha256="${PATCH_SERIES_SHA256}"
 
 WORKDIR /opt/dflash-serve
+# A base without vllm==0.33.0 fails here, before anything is fetched.
+COPY docker/patch-vllm.sh docker/ray-version.txt docker/
+RUN docker/patch-vllm.sh --check-base
+# Ray for the distributed layout on KubeRay (the vLLM 0.33.0 wheel declares none), at the one
+# version the chart's RayCluster names (docker/ray-version.txt; `make generate` copies it into
+# the chart). [default] brings the dashboard agent Ray's metrics and KubeRay's tooling use.
+RUN python3 -m pip install --no-cache-dir "ray[default]==$(cat docker/ray-version.txt)"
+
 COPY ops/ ops/
 COPY service/ service/
 COPY patches/ patches/
 COPY docker/patch-vllm.sh docker/selfcheck.py docker/
 
-RUN docker/patch-vllm.sh --install-project /opt/dflash-serve
+RUN DFLASH_EXPECT_RAY="$(cat docker/ray-version.txt)" docker/patch-vllm.sh --install-project /opt/dflash-serve
 
 ENV HOME=/tmp
 EXPOSE 8000

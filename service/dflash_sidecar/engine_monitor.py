@@ -199,12 +199,11 @@ class EngineMonitor:
                 reply = await self.client.post(
                     "/v1/completions",
                     json={"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0},
+                    headers=self._auth_headers(),
                     timeout=self.settings.canary_timeout,
                 )
             if reply.status_code != 200:
-                raise RuntimeError(
-                    f"canary completion answered {reply.status_code}: {reply.text[:200]}"
-                )
+                raise RuntimeError(self._refusal("canary completion", reply))
             self.probe.last_progress_at = now
             self.probe.canary_failure = None
         except TimeoutError:
@@ -217,11 +216,28 @@ class EngineMonitor:
             self._count_error("canary", self.probe.canary_failure)
 
     async def _served_model(self) -> str:
-        reply = await self.client.get("/v1/models")
-        reply.raise_for_status()
+        reply = await self.client.get("/v1/models", headers=self._auth_headers())
+        if reply.status_code != 200:
+            raise RuntimeError(self._refusal("GET /v1/models", reply))
         model = str(reply.json()["data"][0]["id"])
         self.probe.served_model = model
         return model
+
+    def _auth_headers(self) -> dict[str, str]:
+        """The bearer token for the routes vLLM guards with --api-key (/v1/...)."""
+        key = self.settings.api_key
+        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+
+    def _refusal(self, what: str, reply: httpx.Response) -> str:
+        if reply.status_code == 401:
+            fix = (
+                "the sidecar's VLLM_API_KEY is not the engine's key"
+                if self.settings.api_key
+                else "the engine requires an API key: give the sidecar the engine's key in "
+                "VLLM_API_KEY (chart: auth.apiKeySecret)"
+            )
+            return f"{what} answered 401 Unauthorized: {fix}"
+        return f"{what} answered {reply.status_code}: {reply.text[:200]}"
 
     async def _get(self, path: str) -> tuple[httpx.Response | None, str | None]:
         """GET with one total deadline (a server that trickles bytes cannot hold the probe):

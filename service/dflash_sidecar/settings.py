@@ -5,29 +5,42 @@
     chart      sidecar.nameInCamelCase    (verdict thresholds: sidecar.thresholds.nameInCamelCase)
 
 Durations are seconds. The verdict thresholds are settings too, named as in VerdictThresholds.
+The engine's API key is the one exception: only the variable VLLM_API_KEY, the engine's own,
+never a flag (a flag shows in the process list).
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
 from dflash_sidecar.verdict import VerdictThresholds
 
 DEFAULT_WINDOWS = {"1m": 60.0, "5m": 300.0, "15m": 900.0}
+WINDOW_PATTERN = r"^[0-9]+(\.[0-9]+)?[smh]$"  # the chart's sidecar-rules.yaml carries it too
+WINDOW_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 ENV_PREFIX = "DFLASH_SIDECAR_"
 # Field metadata: the unit --help shows.
 SECONDS: JsonDict = {"unit": "s"}
 
 
 class SidecarSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     engine_url: AnyHttpUrl = Field(
         default=AnyHttpUrl("http://127.0.0.1:8000"),
@@ -78,6 +91,12 @@ class SidecarSettings(BaseModel):
     )
     served_model: str | None = Field(
         default=None, description="model name for the canary (default: the first of /v1/models)"
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="the engine's API key (vLLM --api-key), sent as a bearer token on the "
+        "routes vLLM guards (/v1/...)",
+        json_schema_extra={"variable": "VLLM_API_KEY", "flag": False},
     )
     startup_budget: float = Field(
         default=3600.0,
@@ -167,7 +186,15 @@ class Setting:
 
     @property
     def variable(self) -> str:
+        extra = self.field.json_schema_extra
+        if isinstance(extra, dict) and "variable" in extra:
+            return str(extra["variable"])
         return ENV_PREFIX + self.name.upper()
+
+    @property
+    def has_flag(self) -> bool:
+        extra = self.field.json_schema_extra
+        return not (isinstance(extra, dict) and extra.get("flag") is False)
 
     @property
     def chart_value(self) -> str:
@@ -217,14 +244,24 @@ def settings_spec() -> Iterator[Setting]:
 
 def parse_windows(text: str) -> dict[str, float]:
     """`1m,5m,15m` -> {"1m": 60, ...}; units s, m, h."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     windows: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        number, unit = item[:-1], item[-1]
-        if unit not in units or not number.replace(".", "", 1).isdigit():
+        if not re.fullmatch(WINDOW_PATTERN, item, flags=re.ASCII):
             raise ValueError(f"window {item!r}: expected a number and a unit s, m or h (e.g. 5m)")
-        windows[item] = float(number) * units[unit]
+        windows[item] = float(item[:-1]) * WINDOW_UNITS[item[-1]]
     return windows
+
+
+def number_limits(setting: Setting) -> dict[str, float | bool]:
+    """A numeric setting's bounds as the sidecar checks them ({"gt": 0, "le": 60, ...}), and
+    whether it must be an integer: what the chart's generated sidecar-rules.yaml carries."""
+    limits: dict[str, float | bool] = {"integer": setting.field.annotation is int}
+    for item in setting.field.metadata:
+        for bound in ("gt", "ge", "lt", "le"):
+            value = getattr(item, bound, None)
+            if value is not None:
+                limits[bound] = float(value)
+    return limits
 
 
 def _from_text(setting: Setting, raw: str) -> Any:
@@ -244,7 +281,7 @@ def from_env(environ: dict[str, str], **overrides: object) -> SidecarSettings:
     values: dict[str, object] = {}
     thresholds: dict[str, object] = {}
     for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) and key not in spec:
             continue
         setting = spec.get(key)
         if setting is None:

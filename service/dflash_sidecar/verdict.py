@@ -23,7 +23,7 @@ VERDICT_CODES = {Verdict.NO_DATA: -1, Verdict.HEALTHY: 0, Verdict.DEGRADED: 1, V
 
 
 class VerdictThresholds(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     min_drafts: int = Field(
         default=20, ge=1, description="fewer drafts in the window than this: no-data"

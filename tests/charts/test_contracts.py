@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from dflash_ops.chart.helm import helm_template
 from dflash_ops.paths import PROFILES_DIR
 
+from tests.charts.conftest import PROFILES, render_docs
 from tests.charts.consumers import (
     Manifests,
     kuberay_pod_command,
@@ -29,38 +28,6 @@ from tests.charts.consumers import (
     probe_port_problems,
 )
 from tests.conftest import REPO_ROOT
-
-PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
-RWX = "modelCache.accessModes={ReadWriteMany}"
-# Variants a user reaches with documented values, on top of the default profile.
-VARIANTS: dict[str, list[str]] = {
-    "network-policy": ["networkPolicy.enabled=true"],
-    "no-model-cache": ["modelCache.enabled=false"],
-    "events": ["sidecar.kubernetesEvents=true"],
-    "hpa": ["autoscaling.enabled=true", "autoscaling.engine=hpa", RWX],
-    "keda-rolling": ["autoscaling.enabled=true", "rollout.strategy=RollingUpdate", RWX],
-    "hf-token": ["model.hfTokenSecret.name=hf-token"],
-    "ray-data": [
-        "distributed.enabled=true",
-        "distributed.layout=data",
-        "networkPolicy.enabled=true",
-        RWX,
-    ],
-}
-
-
-def render_docs(values: list[Path], sets: list[str], release: str = "dflash") -> Manifests:
-    text = helm_template(values, sets, release, "llm")
-    docs = [d for d in yaml.safe_load_all(text) if d]
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
-
-
-@pytest.fixture(scope="module")
-def renders() -> dict[str, Manifests]:
-    found = {name: render_docs([PROFILES_DIR / f"{name}.yaml"], []) for name in PROFILES}
-    for name, sets in VARIANTS.items():
-        found[name] = render_docs([], sets)
-    return found
 
 
 def containers(template: dict[str, Any]) -> list[dict[str, Any]]:
@@ -246,12 +213,18 @@ def test_the_old_chained_head_command_is_caught(tmp_path: Path) -> None:
 # -- the README's install, and upgrades between profiles -------------------------------------
 
 
-def readme_install() -> tuple[list[Path], list[str], set[str]]:
-    """Values files, --set flags and Secrets the README's install steps create."""
+def readme_install_words() -> list[str]:
+    """The README's `helm install` command, as the shell splits it."""
     text = (REPO_ROOT / "README.md").read_text()
     block = text[text.index("helm install dflash charts/dflash-serve") :]
     command = block[: block.index("\n   helm test")].replace("\\\n", " ")
-    words = shlex.split(command, comments=True)
+    return shlex.split(command, comments=True)
+
+
+def readme_install() -> tuple[list[Path], list[str], set[str]]:
+    """Values files, --set flags and Secrets the README's install steps create."""
+    text = (REPO_ROOT / "README.md").read_text()
+    words = readme_install_words()
     pairs = list(pairwise(words))
     values = [REPO_ROOT / w for prev, w in pairs if prev == "-f"]
     sets = [w for prev, w in pairs if prev == "--set"]
@@ -302,6 +275,28 @@ def test_the_readme_install_references_only_what_exists_and_loads_the_alerts() -
         if a.startswith('{"method"')
     )
     assert '"model":"incoai/Qwen3.8-Flash-Next-DFlash2"' in speculative
+    images = [c["image"] for _, template in pod_templates(manifests) for c in containers(template)]
+    assert all(image.startswith("$REGISTRY/") for image in images), images
+
+
+def helm_duration_seconds(text: str) -> int:
+    """Go's time.ParseDuration for the h/m/s forms helm's --timeout takes."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    parts = re.findall(r"(\d+)([hms])", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def test_the_readme_install_waits_as_long_as_a_cold_start_may_take() -> None:
+    """Helm's --wait fails at --timeout; the Deployment reports failure at its progress
+    deadline. The README's command must wait at least that long."""
+    words = readme_install_words()
+    assert "--wait" in words
+    timeout = helm_duration_seconds(words[words.index("--timeout") + 1])
+    values, sets, _ = readme_install()
+    manifests = render_docs(values, sets)
+    deployment = next(d for (k, _), d in manifests.items() if k == "Deployment")
+    assert timeout >= deployment["spec"]["progressDeadlineSeconds"]
 
 
 IMMUTABLE = {

@@ -29,8 +29,14 @@ def test_prometheusrule_is_the_ops_rules_file_scoped_to_the_release(default: Man
 
 
 def dashboards(manifests: Manifests) -> dict[str, dict]:  # type: ignore[type-arg]
-    maps = [m for (k, _), m in manifests.items() if k == "ConfigMap"]
-    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+    # Grafana's dashboard sidecar loads every ConfigMap carrying this label, and
+    # only those: the model-download script's ConfigMap must not carry it.
+    maps = [
+        m
+        for (k, _), m in manifests.items()
+        if k == "ConfigMap" and m["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+    ]
+    assert maps
     return {name: json.loads(text) for m in maps for name, text in m["data"].items()}
 
 
@@ -59,4 +65,9 @@ def test_monitoring_can_be_switched_off() -> None:
         "monitoring.grafanaDashboards.enabled=false",
     )
     kinds = {k for k, _ in manifests}
-    assert not kinds & {"PodMonitor", "PrometheusRule", "ConfigMap"}
+    assert not kinds & {"PodMonitor", "PrometheusRule"}
+    assert not [
+        m
+        for (k, _), m in manifests.items()
+        if k == "ConfigMap" and "grafana_dashboard" in m["metadata"].get("labels", {})
+    ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,7 +79,25 @@ def test_head_keeps_probes_sidecar_and_shm_workers_get_gpus(ray_tp4: Manifests) 
         assert any(v["name"] == "dshm" for v in spec["volumes"])
     worker_container = worker(ray_tp4)["spec"]["containers"][0]
     assert worker_container["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert "readinessProbe" not in worker_container and "args" not in worker_container
+    assert "args" not in worker_container
+    # Explicit probes, so KubeRay does not inject its own (which ask the dashboard agent on
+    # 52365, absent from the engine image): they run the raylet check the chart ships.
+    # The script path must be a file the kubelet mounts from the chart's ConfigMap.
+    worker_spec = worker(ray_tp4)["spec"]
+    volumes = {v["name"]: v for v in worker_spec["volumes"]}
+    scripts = one_configmap(ray_tp4, "t-dflash-serve-ray-scripts")["data"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        path = worker_container[probe]["exec"]["command"][-1]
+        mount = next(
+            m for m in worker_container["volumeMounts"] if path.startswith(m["mountPath"] + "/")
+        )
+        source = volumes[mount["name"]]["configMap"]["name"]
+        assert source == "t-dflash-serve-ray-scripts"
+        assert (
+            scripts[path.rsplit("/", 1)[1]]
+            == (CHART / "files" / "ray" / "raylet-alive.py").read_text()
+        )
+        assert "52365" not in json.dumps(worker_container[probe])
     worker_env = {e["name"] for e in worker_container["env"]}
     assert "VLLM_HOST_IP" in worker_env
 
@@ -152,3 +173,39 @@ def test_ray_pod_templates_are_valid_kubernetes(
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def in_own_pid_namespace(script: str) -> subprocess.CompletedProcess[str]:
+    """Run bash `script` as a pod would see /proc: a fresh PID namespace with its own /proc."""
+    return subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "bash",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_worker_probe_follows_the_raylet(tmp_path: Path) -> None:
+    probe = CHART / "files" / "ray" / "raylet-alive.py"
+    if in_own_pid_namespace("true").returncode != 0:
+        pytest.skip(
+            "no user and PID namespaces here (unshare refused): the probe runs in the e2e Ray test"
+        )
+    python = sys.executable
+    alone = in_own_pid_namespace(f"{python} {probe}")
+    assert alone.returncode == 1, alone.stderr  # no raylet in the pod: not alive
+    # A process whose argv[0] is Ray's raylet binary (…/ray/core/src/ray/raylet/raylet).
+    fake = tmp_path / "raylet"
+    fake.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    running = in_own_pid_namespace(f"{fake} 30 & sleep 0.2; {python} {probe}")
+    assert running.returncode == 0, running.stderr

@@ -8,9 +8,13 @@ from tests.charts.conftest import Manifests, one, render
 RWX = "modelCache.accessModes={ReadWriteMany}"
 
 
-def test_service_exposes_api_and_sidecar(default: Manifests) -> None:
+def test_service_exposes_the_api_only_unless_asked(default: Manifests) -> None:
     ports = {p["name"]: p for p in default[("Service", "t-dflash-serve")]["spec"]["ports"]}
-    assert ports["http"]["port"] == 8000 and ports["sidecar"]["port"] == 9100
+    assert set(ports) == {"http"} and ports["http"]["port"] == 8000
+    exposed = render("service.exposeSidecar=true", "service.type=LoadBalancer")
+    service = exposed[("Service", "t-dflash-serve")]["spec"]
+    assert service["type"] == "LoadBalancer"
+    assert {p["name"]: p["port"] for p in service["ports"]} == {"http": 8000, "sidecar": 9100}
 
 
 def test_pdb(default: Manifests) -> None:
@@ -34,7 +38,8 @@ def test_ray_layout_lets_head_workers_and_the_operator_talk() -> None:
     }
     peers, operator = ray["spec"]["ingress"]
     assert "ports" not in peers  # all of Ray's ports between its own nodes
-    assert {p["port"] for p in operator["ports"]} == {6379, 8265, 10001}
+    # The head listens for the operator on GCS only: no dashboard, no Jobs API, no client port.
+    assert {p["port"] for p in operator["ports"]} == {6379}
     assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "ray-system"
     }

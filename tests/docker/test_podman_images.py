@@ -102,10 +102,14 @@ def test_engine_image_is_patched_and_self_checks(images: None) -> None:
     )  # fmt: skip
     manifest = json.loads((REPO_ROOT / "patches" / "manifest.json").read_text())
     assert check.stdout.count(": applied") == len(manifest["patches"]) == 4
+    pin = (REPO_ROOT / "docker" / "ray-version.txt").read_text().strip()
     selfcheck = podman(
-        "run", "--rm", "--entrypoint", "python3", ENGINE, "/opt/dflash-serve/docker/selfcheck.py"
-    )
+        "run", "--rm", "-e", f"DFLASH_EXPECT_RAY={pin}", "--entrypoint", "python3", ENGINE,
+        "/opt/dflash-serve/docker/selfcheck.py",
+    )  # fmt: skip
     assert "self check passed" in selfcheck.stdout
+    # The Ray the chart's RayCluster names, with ray[default]'s dashboard agent.
+    assert f"ray {pin} with the dashboard" in selfcheck.stdout
     config = json.loads(podman("image", "inspect", "--format", "{{json .Config}}", ENGINE).stdout)
     assert config["Entrypoint"] == ["vllm", "serve"]
     manifest = json.loads((REPO_ROOT / "patches" / "manifest.json").read_text())

@@ -118,7 +118,7 @@ def rendered_head() -> dict:  # type: ignore[type-arg]
     cluster = docs[("RayCluster", "dflash-dflash-serve")]
     scripts = docs[("ConfigMap", "dflash-dflash-serve-ray-scripts")]["data"]
     head = cluster["spec"]["headGroupSpec"]
-    return {"group": head, "scripts": scripts}
+    return {"group": head, "scripts": scripts, "rayVersion": cluster["spec"]["rayVersion"]}
 
 
 @pytest.fixture()
@@ -140,8 +140,13 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
     ray_dirs: dict[str, Path],
     models_dir: Path,
 ) -> None:
+    import ray
     from dflash_ops.local import stack
 
+    # The Ray this test runs is the engine image's (one pin: docker/ray-version.txt), which the
+    # chart tells KubeRay.
+    pin = (REPO_ROOT / "docker" / "ray-version.txt").read_text().strip()
+    assert ray.__version__ == pin == rendered_head["rayVersion"]
     state_dir = ray_dirs["work"] / "stack"
     state_dir.mkdir()
     (state_dir / "models").symlink_to(models_dir)

@@ -59,6 +59,9 @@ def test_one_naming_rule_for_every_setting() -> None:
     assert {"scrape_interval", "collapsed_mean_acceptance_length", "log_level"} <= names
     for setting in settings_spec():
         assert setting.flag == "--" + setting.name.replace("_", "-")
+        if setting.name == "api_key":  # the one exception: the engine's own variable, no flag
+            assert setting.variable == "VLLM_API_KEY" and not setting.has_flag
+            continue
         assert setting.variable == "DFLASH_SIDECAR_" + setting.name.upper()
         # every setting reads from its variable
         if setting.name in ("kubernetes_events", "pod_name", "pod_namespace", "windows"):
@@ -66,3 +69,28 @@ def test_one_naming_rule_for_every_setting() -> None:
         default = setting.field.get_default(call_default_factory=True)
         if default is not None:
             assert from_env({setting.variable: str(default)}) is not None
+
+
+def test_the_api_key_comes_from_the_engines_variable_and_never_shows() -> None:
+    settings = from_env({"VLLM_API_KEY": "sk-hidden"})
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "sk-hidden"
+    assert "sk-hidden" not in repr(settings) and "sk-hidden" not in settings.model_dump_json()
+
+
+@pytest.mark.parametrize("raw", ["inf", "nan", "-inf", "Infinity"])
+def test_numbers_must_be_finite(raw: str) -> None:
+    with pytest.raises(ValueError):
+        from_env({"DFLASH_SIDECAR_CANARY_INTERVAL": raw})
+
+
+@pytest.mark.parametrize("raw", ["1m,5m", " 1m , 5m ,15m", "0.5h,90s"])
+def test_windows_accepts_the_patterns_the_chart_checks(raw: str) -> None:
+    assert from_env(
+        {"DFLASH_SIDECAR_WINDOWS": raw, "DFLASH_SIDECAR_VERDICT_WINDOW": raw.split(",")[1].strip()}
+    )
+
+
+@pytest.mark.parametrize("raw", [".5m,5m", "1.m,5m", "\u0663m,5m", "5 m"])
+def test_windows_refuses_what_the_chart_refuses(raw: str) -> None:
+    with pytest.raises(ValueError):
+        from_env({"DFLASH_SIDECAR_WINDOWS": raw})

@@ -1,6 +1,20 @@
 {{/* Containers and volumes shared by the Deployment and the RayCluster head. */}}
 
 {{/* Environment of every container that runs vLLM code (engine, Ray head and Ray workers). */}}
+{{/* VLLM_API_KEY from auth.apiKeySecret: what the engine requires and the sidecar and the
+helm tests send. Never an argument: arguments show in the pod spec and the process list. */}}
+{{- define "dflash-serve.apiKeyEnv" -}}
+{{- with .Values.auth.apiKeySecret }}
+{{- if .name }}
+- name: VLLM_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name | quote }}
+      key: {{ .key | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "dflash-serve.engineEnv" -}}
 {{- $root := include "dflash-serve.cacheRoot" . -}}
 - name: HOME
@@ -16,12 +30,13 @@
     fieldRef:
       fieldPath: status.podIP
 {{- end }}
+{{- include "dflash-serve.apiKeyEnv" . }}
 {{- if .Values.model.hfTokenSecret.name }}
 - name: HF_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.model.hfTokenSecret.name }}
-      key: {{ .Values.model.hfTokenSecret.key }}
+      name: {{ .Values.model.hfTokenSecret.name | quote }}
+      key: {{ .Values.model.hfTokenSecret.key | quote }}
 {{- end }}
 {{- with .Values.model.extraEnv }}
 {{ toYaml . }}
@@ -39,7 +54,7 @@ Call with (dict "root" $ "role" ROLE). */}}
 {{- $tp := int (include "dflash-serve.gpusPerPod" .) -}}
 - name: {{ get (dict "server" "vllm" "ray-head" "ray-head" "ray-worker" "ray-worker") $role }}
   image: {{ include "dflash-serve.image" .Values.image.engine | quote }}
-  imagePullPolicy: {{ .Values.image.engine.pullPolicy }}
+  imagePullPolicy: {{ .Values.image.engine.pullPolicy | quote }}
   {{- if eq $role "server" }}
   command: ["vllm", "serve"]
   args:
@@ -51,6 +66,10 @@ Call with (dict "root" $ "role" ROLE). */}}
     - serve
     {{- include "dflash-serve.engineArgs" . | nindent 4 }}
   {{- end }}
+  {{- with .Values.envFrom }}
+  envFrom:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   env:
     {{- include "dflash-serve.engineEnv" . | nindent 4 }}
     {{- if eq $role "ray-head" }}
@@ -61,7 +80,28 @@ Call with (dict "root" $ "role" ROLE). */}}
     - name: DFLASH_RAY_JOIN_TIMEOUT_S
       value: {{ int $d.joinTimeoutSeconds | quote }}
     {{- end }}
+  {{- if eq $role "ray-worker" }}
+  # Explicit probes keep KubeRay from injecting its own, which call Ray's dashboard agent.
+  livenessProbe:
+    exec:
+      command: ["python3", "/etc/dflash-serve/ray/raylet-alive.py"]
+    initialDelaySeconds: 30
+    periodSeconds: 10
+    failureThreshold: 6
+    timeoutSeconds: 5
+  readinessProbe:
+    exec:
+      command: ["python3", "/etc/dflash-serve/ray/raylet-alive.py"]
+    periodSeconds: 10
+    timeoutSeconds: 5
+  {{- end }}
   {{- if ne $role "ray-worker" }}
+  # Endpoints drop a terminating pod while this runs, so no new request arrives once vLLM,
+  # on SIGTERM, stops accepting them and drains (--shutdown-timeout).
+  lifecycle:
+    preStop:
+      exec:
+        command: ["sleep", {{ .Values.termination.preStopSeconds | quote }}]
   ports:
     - name: http
       containerPort: {{ .Values.engine.port }}
@@ -69,12 +109,6 @@ Call with (dict "root" $ "role" ROLE). */}}
     {{- if eq $role "ray-head" }}
     - name: gcs
       containerPort: 6379
-      protocol: TCP
-    - name: dashboard
-      containerPort: 8265
-      protocol: TCP
-    - name: client
-      containerPort: 10001
       protocol: TCP
     {{- end }}
   # vLLM binds its port only once the weights are loaded: the startup probe carries the cold load
@@ -113,28 +147,36 @@ Call with (dict "root" $ "role" ROLE). */}}
   {{- end }}
   resources:
     {{- $res := deepCopy .Values.resources.engine }}
-    {{- $_ := set $res "requests" (merge (dict .Values.gpu.resourceName $tp) ($res.requests | default dict)) }}
+    {{- $scratch := include "dflash-serve.scratchSize" . }}
+    {{- $_ := set $res "requests" (merge (dict .Values.gpu.resourceName $tp "ephemeral-storage" $scratch) ($res.requests | default dict)) }}
     {{- $_ := set $res "limits" (merge (dict .Values.gpu.resourceName $tp) ($res.limits | default dict)) }}
     {{- toYaml $res | nindent 4 }}
   securityContext:
     allowPrivilegeEscalation: false
     capabilities:
       drop: [ALL]
+      {{- with .Values.engineCapabilities }}
+      add:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
   volumeMounts:
     - name: tmp
       mountPath: /tmp
     {{- if .Values.modelCache.enabled }}
     - name: model-cache
-      mountPath: {{ .Values.modelCache.mountPath }}
+      mountPath: {{ .Values.modelCache.mountPath | quote }}
     {{- end }}
     {{- if gt (mul (int (include "dflash-serve.tp" .)) (int (include "dflash-serve.dp" .))) 1 }}
     - name: dshm
       mountPath: /dev/shm
     {{- end }}
-    {{- if eq $role "ray-head" }}
+    {{- if ne $role "server" }}
     - name: ray-scripts
       mountPath: /etc/dflash-serve/ray
       readOnly: true
+    {{- end }}
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end -}}
 {{- end -}}
@@ -142,7 +184,7 @@ Call with (dict "root" $ "role" ROLE). */}}
 {{- define "dflash-serve.sidecarContainer" -}}
 - name: sidecar
   image: {{ include "dflash-serve.image" .Values.image.sidecar | quote }}
-  imagePullPolicy: {{ .Values.image.sidecar.pullPolicy }}
+  imagePullPolicy: {{ .Values.image.sidecar.pullPolicy | quote }}
   args:
     - sidecar
     - --engine-url
@@ -152,6 +194,7 @@ Call with (dict "root" $ "role" ROLE). */}}
     - --served-model
     - {{ .Values.model.servedName | quote }}
   env:
+    {{- include "dflash-serve.apiKeyEnv" . | nindent 4 }}
     - name: DFLASH_SIDECAR_SCRAPE_INTERVAL
       value: {{ .Values.sidecar.scrapeInterval | quote }}
     - name: DFLASH_SIDECAR_SCRAPE_TIMEOUT
@@ -218,30 +261,49 @@ Call with (dict "root" $ "role" ROLE). */}}
 {{- define "dflash-serve.volumes" -}}
 {{- $parallel := mul (int (include "dflash-serve.tp" .)) (int (include "dflash-serve.dp" .)) -}}
 - name: tmp
-  emptyDir: {}
+  emptyDir:
+    sizeLimit: {{ include "dflash-serve.scratchSize" . | quote }}
 {{- if .Values.modelCache.enabled }}
 - name: model-cache
   persistentVolumeClaim:
     claimName: {{ include "dflash-serve.cacheClaim" . }}
 {{- end }}
+{{- if include "dflash-serve.modelDownload" . }}
+- name: model-download
+  configMap:
+    name: {{ include "dflash-serve.fullname" . }}-model-download
+    defaultMode: 0555
+{{- end }}
 {{- if gt $parallel 1 }}
 - name: dshm
   emptyDir:
     medium: Memory
-    sizeLimit: {{ .Values.shm.sizeLimit }}
+    sizeLimit: {{ .Values.shm.sizeLimit | quote }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
+{{/* Node affinity: the GPU product term (gpu.productAffinity), ANDed with a user's own
+required terms (added to each of them) and beside their preferred ones. */}}
 {{- define "dflash-serve.placement" -}}
+{{- $gpu := dict "key" .Values.gpu.productLabel "operator" "In" "values" (include "dflash-serve.gpuProducts" . | fromYamlArray) -}}
+{{- $node := deepCopy (.Values.affinity.nodeAffinity | default dict) -}}
+{{- if .Values.gpu.productAffinity -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := list -}}
+{{- range (get $required "nodeSelectorTerms" | default (list dict)) -}}
+{{- $terms = append $terms (set (deepCopy .) "matchExpressions" (append (get . "matchExpressions" | default list) $gpu)) -}}
+{{- end -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" (set $required "nodeSelectorTerms" $terms) -}}
+{{- end -}}
+{{- if or $node .Values.affinity.podAntiAffinity .Values.affinity.podAffinity }}
 affinity:
+  {{- with $node }}
   nodeAffinity:
-    requiredDuringSchedulingIgnoredDuringExecution:
-      nodeSelectorTerms:
-        - matchExpressions:
-            - key: {{ .Values.gpu.productLabel }}
-              operator: In
-              values:
-                {{- toYaml .Values.gpu.products | nindent 16 }}
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- with .Values.affinity.podAntiAffinity }}
   podAntiAffinity:
     {{- toYaml . | nindent 4 }}
@@ -250,6 +312,7 @@ affinity:
   podAffinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
 {{- with .Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -258,4 +321,47 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with .Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . | quote }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+# Service environment variables off: a Service named `vllm` in the namespace would inject
+# VLLM_PORT=tcp://..., which vLLM refuses.
+enableServiceLinks: false
+{{- end -}}
+
+{{/* The init container that fills the model cache (modelDownload): the engine's image, env and
+cache mounts, the release's models as arguments. */}}
+{{- define "dflash-serve.modelDownloadContainer" -}}
+- name: model-download
+  image: {{ include "dflash-serve.image" .Values.image.engine | quote }}
+  imagePullPolicy: {{ .Values.image.engine.pullPolicy | quote }}
+  command: ["python3", "/etc/dflash-serve/model-download/download-models.py"]
+  args:
+    - {{ .Values.model.name | quote }}
+    {{- if and (eq .Values.speculative.method "dflash") .Values.speculative.draftModel }}
+    - {{ .Values.speculative.draftModel | quote }}
+    {{- end }}
+  env:
+    {{- include "dflash-serve.engineEnv" . | nindent 4 }}
+  resources:
+    {{- toYaml .Values.modelDownload.resources | nindent 4 }}
+  securityContext:
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: [ALL]
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+    - name: model-cache
+      mountPath: {{ .Values.modelCache.mountPath | quote }}
+    - name: model-download
+      mountPath: /etc/dflash-serve/model-download
+      readOnly: true
 {{- end -}}

@@ -173,7 +173,65 @@ land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_size
 {{- end }}
 - --engram-config
 - {{ dict "cpu_offload" .Values.model.pleCpuOffload | toJson | quote }}
+- --shutdown-timeout
+- {{ include "dflash-serve.shutdownTimeout" . | quote }}
 {{- range .Values.model.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* vLLM's --shutdown-timeout: what the grace period leaves after the preStop sleep, minus 10 s
+for the engine to exit before the kubelet's SIGKILL. */}}
+{{- define "dflash-serve.shutdownTimeout" -}}
+{{- $t := .Values.termination -}}
+{{- $drain := sub (sub (int $t.gracePeriodSeconds) (int $t.preStopSeconds)) 10 -}}
+{{- if lt $drain 1 -}}
+{{- fail (printf "termination.gracePeriodSeconds %d leaves no time to drain after termination.preStopSeconds %d: it must exceed preStopSeconds + 10 (e.g. %d)" (int $t.gracePeriodSeconds) (int $t.preStopSeconds) (add (int $t.preStopSeconds) 70)) -}}
+{{- end -}}
+{{- $drain -}}
+{{- end -}}
+
+{{/* Seconds the Deployment controller waits for a rollout to make progress before it reports
+ProgressDeadlineExceeded (which `helm install --wait` and Argo CD read as failed): the pods'
+startup budget, the model download's, and 15 minutes to schedule and pull the images. */}}
+{{- define "dflash-serve.progressDeadlineSeconds" -}}
+{{- $seconds := add (int (include "dflash-serve.startupBudgetSeconds" .)) 900 -}}
+{{- if include "dflash-serve.modelDownload" . -}}
+{{- $seconds = add $seconds (int .Values.modelDownload.budgetSeconds) -}}
+{{- end -}}
+{{- $seconds -}}
+{{- end -}}
+
+{{/* "true" when the model cache is filled by the model-download init container. */}}
+{{- define "dflash-serve.modelDownload" -}}
+{{- if and .Values.modelDownload.enabled .Values.modelCache.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The GPU products the pods may land on: gpu.products, else the usual ones of gpu.type. */}}
+{{- define "dflash-serve.gpuProducts" -}}
+{{- $known := dict
+  "a100" (list "NVIDIA-A100-SXM4-80GB" "NVIDIA-A100-80GB-PCIe")
+  "h100" (list "NVIDIA-H100-80GB-HBM3" "NVIDIA-H100-PCIe" "NVIDIA-H100-NVL")
+  "h200" (list "NVIDIA-H200" "NVIDIA-H200-NVL")
+  "b200" (list "NVIDIA-B200")
+-}}
+{{- toYaml (.Values.gpu.products | default (get $known .Values.gpu.type) | default list) -}}
+{{- end -}}
+
+{{/* The Ray version of the engine image (docker/ray-version.txt, copied into files/ by
+`make generate`): the engine image installs ray[default] at exactly this version. */}}
+{{- define "dflash-serve.imageRayVersion" -}}
+{{- (.Files.Get "files/engine-image.yaml" | fromYaml).rayVersion -}}
+{{- end -}}
+
+{{- define "dflash-serve.rayScriptsChecksum" -}}
+{{- $all := "" -}}
+{{- range $path, $_ := .Files.Glob "files/ray/*" }}{{ $all = print $all ($.Files.Get $path) }}{{ end -}}
+{{- $all | sha256sum | trunc 16 -}}
+{{- end -}}
+
+{{/* Size of the pod's /tmp: scratch, or with modelCache.enabled: false the model cache's size
+(the Hugging Face cache with the weights lives there). Requested as ephemeral storage. */}}
+{{- define "dflash-serve.scratchSize" -}}
+{{- if .Values.modelCache.enabled -}}{{ .Values.scratch.sizeLimit }}{{- else -}}{{ .Values.modelCache.size }}{{- end -}}
 {{- end -}}

@@ -5,7 +5,9 @@
 {{- end -}}
 
 {{- define "dflash-serve.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
@@ -23,13 +25,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 dflash-serve.io/component: engine
 {{- end -}}
 
+{{/* Labels of pod templates: only what does not change between chart releases, so a chart
+upgrade that changes no pod setting restarts no engine (no chart version, no app version). */}}
+{{- define "dflash-serve.podLabels" -}}
+{{ include "dflash-serve.selectorLabels" . }}
+app.kubernetes.io/part-of: dflash-serve
+dflash-serve.io/role: {{ .Values.role | quote }}
+{{- end -}}
+
 {{- define "dflash-serve.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "dflash-serve.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: dflash-serve
-dflash-serve.io/role: {{ .Values.role }}
+dflash-serve.io/role: {{ .Values.role | quote }}
 {{- end -}}
 
 {{- define "dflash-serve.serviceAccountName" -}}
@@ -65,4 +75,11 @@ old one (which `helm.sh/resource-policy: keep` leaves in place). */}}
 {{- else -}}
 {{- printf "%s:%s" .repository .tag -}}
 {{- end -}}
+{{- end -}}
+
+{{/* NetworkPolicy: networkPolicy.enabled true/false, or auto: on in the distributed layout,
+whose Ray ports run code for whoever reaches them. */}}
+{{- define "dflash-serve.networkPolicy" -}}
+{{- $enabled := .Values.networkPolicy.enabled -}}
+{{- if or (eq (toString $enabled) "true") (and (eq (toString $enabled) "auto") .Values.distributed.enabled) -}}true{{- end -}}
 {{- end -}}

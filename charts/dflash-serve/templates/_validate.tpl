@@ -34,13 +34,181 @@
 {{- if and (not .Values.distributed.enabled) .Values.modelCache.enabled (not $shared) (or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled) -}}
 {{- fail (printf "%s with a ReadWriteOnce model cache: a second pod on another node can never attach the claim. Set modelCache.accessModes to [ReadWriteMany] (with an RWX StorageClass in modelCache.storageClass), or modelCache.existingClaim to a claim every replica can mount." (ternary "autoscaling.enabled" (printf "replicas %d" (int .Values.replicas)) .Values.autoscaling.enabled)) -}}
 {{- end -}}
+{{- if not (has .Values.rollout.strategy (list "auto" "Recreate" "RollingUpdate")) -}}
+{{- fail (printf "rollout.strategy %q is unknown: use auto, Recreate or RollingUpdate" .Values.rollout.strategy) -}}
+{{- end -}}
+{{- include "dflash-serve.validateEngineArgs" . -}}
+{{- include "dflash-serve.validateNumbers" . -}}
+{{- include "dflash-serve.validateSidecar" . -}}
+{{- include "dflash-serve.validatePlacement" . -}}
+{{- if eq (int .Values.engine.port) (int .Values.sidecar.port) -}}
+{{- fail (printf "engine.port and sidecar.port are both %d: the two containers share the pod's network namespace; give the sidecar another port (e.g. 9100)" (int .Values.engine.port)) -}}
+{{- end -}}
 {{- if .Values.podDisruptionBudget.enabled -}}
 {{- $max := toString .Values.podDisruptionBudget.maxUnavailable -}}
-{{- if or (eq $max "0") (eq $max "0%") -}}
+{{- if regexMatch "^0+%?$" $max -}}
 {{- fail "podDisruptionBudget.maxUnavailable 0 blocks every node drain forever: use 1 (or a percentage above 0%), or set podDisruptionBudget.enabled: false" -}}
 {{- end -}}
+{{- if not (regexMatch "^([1-9][0-9]*|([1-9]|[1-9][0-9]|100)%)$" $max) -}}
+{{- fail (printf "podDisruptionBudget.maxUnavailable %q is not a number of pods (1 or more) or a percentage (1%% to 100%%): the PodDisruptionBudget would be refused or never allow a drain" $max) -}}
 {{- end -}}
-{{- if not (has .Values.rollout.strategy (list "Recreate" "RollingUpdate")) -}}
-{{- fail (printf "rollout.strategy %q is unknown: use Recreate or RollingUpdate" .Values.rollout.strategy) -}}
+{{- end -}}
+{{- $a := .Values.autoscaling -}}
+{{- if and $a.enabled (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- fail (printf "autoscaling.minReplicas %d is above autoscaling.maxReplicas %d" (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- if .Values.distributed.enabled -}}
+{{- $name := include "dflash-serve.fullname" . -}}
+{{- if or (gt (len $name) 53) (not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name)) -}}
+{{- fail (printf "the RayCluster would be named %q: KubeRay needs a DNS-1035 label (a lowercase letter first, then lowercase letters, digits or '-') of at most 53 characters; shorten the release name or set fullnameOverride" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Flags the chart sets itself: in model.extraArgs they would override a checked value
+(argparse keeps the last one) or put a secret in the pod spec. */}}
+{{- define "dflash-serve.validateEngineArgs" -}}
+{{- $owned := dict
+  "--api-key" "auth.apiKeySecret (a Secret: arguments show in the pod spec and the process list)"
+  "--port" "engine.port"
+  "--host" "nothing: the chart binds 0.0.0.0"
+  "--block-size" "engine.blockSize"
+  "--tensor-parallel-size" "engine.tensorParallelSize"
+  "-tp" "engine.tensorParallelSize"
+  "--enable-expert-parallel" "engine.expertParallel"
+  "--served-model-name" "model.servedName"
+  "--max-model-len" "model.maxModelLen"
+  "--gpu-memory-utilization" "model.gpuMemoryUtilization"
+  "--speculative-config" "speculative.method, speculative.numSpeculativeTokens and speculative.draftModel"
+  "--prefix-match-unit" "engine.prefixMatchUnit"
+  "--kv-cache-dtype" "engine.kvCacheDtype"
+  "--mamba-cache-mode" "nothing: this model needs align"
+  "--reasoning-parser" "model.reasoningParser"
+  "--tool-call-parser" "model.toolCallParser"
+  "--enable-auto-tool-choice" "model.toolCallParser"
+  "--engram-config" "model.pleCpuOffload"
+  "--shutdown-timeout" "termination.gracePeriodSeconds and termination.preStopSeconds"
+  "--distributed-executor-backend" "distributed.enabled"
+  "--data-parallel-size" "distributed.dataParallelSize"
+  "--data-parallel-backend" "distributed.enabled"
+-}}
+{{- range .Values.model.extraArgs -}}
+{{- $flag := regexReplaceAll "=.*$" (toString .) "" | replace "_" "-" -}}
+{{- if hasKey $owned $flag -}}
+{{- fail (printf "model.extraArgs sets %s, which the chart sets itself: use %s instead" $flag (get $owned $flag)) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.model.extraEnv -}}
+{{- if eq (toString .name) "VLLM_API_KEY" -}}
+{{- fail "model.extraEnv sets VLLM_API_KEY: use auth.apiKeySecret, which gives the same key to the sidecar and the helm tests" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A number a value asks for, whether YAML gave a number or `--set` a numeric string. */}}
+{{- define "dflash-serve.number" -}}
+{{- $raw := toString .value -}}
+{{- if not (regexMatch "^[-+]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][-+]?[0-9]+)?$" $raw) -}}
+{{- fail (printf "%s %q is not a number" .name $raw) -}}
+{{- end -}}
+{{- $raw -}}
+{{- end -}}
+
+{{/* Numeric values with their range (the schema checks numbers; `--set` passes decimals as
+strings, which the schema accepts as numeric strings and this checks). */}}
+{{- define "dflash-serve.validateNumbers" -}}
+{{- $util := float64 (include "dflash-serve.number" (dict "name" "model.gpuMemoryUtilization" "value" .Values.model.gpuMemoryUtilization)) -}}
+{{- if or (le $util 0.0) (gt $util 1.0) -}}
+{{- fail (printf "model.gpuMemoryUtilization %v must be above 0 and at most 1 (e.g. 0.9)" .Values.model.gpuMemoryUtilization) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The value at a dotted path of .Values. */}}
+{{- define "dflash-serve.valueAt" -}}
+{{- $node := .root -}}
+{{- range splitList "." .path }}{{ $node = get $node . }}{{ end -}}
+{{- toString $node -}}
+{{- end -}}
+
+{{/* The sidecar's own rules, so that a value the sidecar would refuse fails the install
+instead of crash-looping the sidecar (and, after the load, restarting the engine). The limits
+of single values come from the sidecar's settings (files/sidecar-rules.yaml, generated); the
+rules between values are its model validators, written out here; a test holds the two to the
+same answers. */}}
+{{- define "dflash-serve.validateSidecar" -}}
+{{- $rules := .Files.Get "files/sidecar-rules.yaml" | fromYaml -}}
+{{- $n := dict -}}
+{{- range $path, $limits := $rules.numbers -}}
+{{- $raw := include "dflash-serve.valueAt" (dict "root" $.Values "path" $path) -}}
+{{- $v := float64 (include "dflash-serve.number" (dict "name" $path "value" $raw)) -}}
+{{- if and $limits.integer (not (regexMatch "^[-+]?[0-9]+$" $raw)) -}}
+{{- fail (printf "%s %q must be a whole number" $path $raw) -}}
+{{- end -}}
+{{- if and (hasKey $limits "gt") (le $v (float64 $limits.gt)) -}}
+{{- fail (printf "%s %s must be above %v (the sidecar refuses it)" $path $raw $limits.gt) -}}
+{{- end -}}
+{{- if and (hasKey $limits "ge") (lt $v (float64 $limits.ge)) -}}
+{{- fail (printf "%s %s must be at least %v (the sidecar refuses it)" $path $raw $limits.ge) -}}
+{{- end -}}
+{{- if and (hasKey $limits "lt") (ge $v (float64 $limits.lt)) -}}
+{{- fail (printf "%s %s must be below %v (the sidecar refuses it)" $path $raw $limits.lt) -}}
+{{- end -}}
+{{- if and (hasKey $limits "le") (gt $v (float64 $limits.le)) -}}
+{{- fail (printf "%s %s must be at most %v (the sidecar refuses it)" $path $raw $limits.le) -}}
+{{- end -}}
+{{- $_ := set $n $path $v -}}
+{{- end -}}
+{{- range $path, $pattern := $rules.patterns -}}
+{{- $raw := include "dflash-serve.valueAt" (dict "root" $.Values "path" $path) -}}
+{{- if not (regexMatch $pattern $raw) -}}
+{{- fail (printf "%s %q is not accepted by the sidecar: it must match %s" $path $raw $pattern) -}}
+{{- end -}}
+{{- end -}}
+{{- $s := .Values.sidecar -}}
+{{- $interval := get $n "sidecar.scrapeInterval" -}}
+{{- if ge (get $n "sidecar.scrapeTimeout") (mulf 2.0 $interval) -}}
+{{- fail (printf "sidecar.scrapeTimeout %v must be below twice sidecar.scrapeInterval %v" $s.scrapeTimeout $s.scrapeInterval) -}}
+{{- end -}}
+{{- $units := dict "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $names := list -}}
+{{- range $item := splitList "," (toString $s.windows) -}}
+{{- $w := trim $item -}}
+{{- if $w -}}
+{{- if not (regexMatch $rules.windowPattern $w) -}}
+{{- fail (printf "sidecar.windows %q: window %q is not a number and a unit s, m or h (e.g. 5m)" (toString $s.windows) $w) -}}
+{{- end -}}
+{{- $unit := substr (sub (len $w) 1 | int) (len $w) $w -}}
+{{- $seconds := mulf (float64 (trimSuffix $unit $w)) (get $units $unit) -}}
+{{- if le $seconds 0.0 -}}
+{{- fail (printf "sidecar.windows %q: window %q must be longer than 0" (toString $s.windows) $w) -}}
+{{- end -}}
+{{- if lt $seconds (mulf 2.0 $interval) -}}
+{{- fail (printf "sidecar.windows %q: window %q is shorter than two scrape intervals (2 x sidecar.scrapeInterval %v)" (toString $s.windows) $w $s.scrapeInterval) -}}
+{{- end -}}
+{{- $names = append $names $w -}}
+{{- end -}}
+{{- end -}}
+{{- if not $names -}}
+{{- fail "sidecar.windows is empty: give at least one window, e.g. 1m,5m,15m" -}}
+{{- end -}}
+{{- if not (has (toString $s.verdictWindow) $names) -}}
+{{- fail (printf "sidecar.verdictWindow %q is not one of sidecar.windows %q" (toString $s.verdictWindow) (toString $s.windows)) -}}
+{{- end -}}
+{{- $t := $s.thresholds -}}
+{{- if gt (get $n "sidecar.thresholds.collapsedMeanAcceptanceLength") (get $n "sidecar.thresholds.degradedMeanAcceptanceLength") -}}
+{{- fail (printf "sidecar.thresholds.collapsedMeanAcceptanceLength %v must not exceed degradedMeanAcceptanceLength %v" $t.collapsedMeanAcceptanceLength $t.degradedMeanAcceptanceLength) -}}
+{{- end -}}
+{{- if gt (get $n "sidecar.thresholds.collapsedPosition0") (get $n "sidecar.thresholds.degradedPosition0") -}}
+{{- fail (printf "sidecar.thresholds.collapsedPosition0 %v must not exceed degradedPosition0 %v" $t.collapsedPosition0 $t.degradedPosition0) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* GPU placement: the products must be of gpu.type (its block-size alignment). */}}
+{{- define "dflash-serve.validatePlacement" -}}
+{{- $type := .Values.gpu.type -}}
+{{- range (include "dflash-serve.gpuProducts" . | fromYamlArray) -}}
+{{- if not (contains (upper $type) (upper (toString .))) -}}
+{{- fail (printf "gpu.products lists %q, which is not an %s: the block size is planned for gpu.type %s. List %s products (or leave gpu.products empty for the usual ones), or set gpu.type to the GPU these nodes have" (toString .) (upper $type) $type (upper $type)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

@@ -5,13 +5,15 @@
     python -m dflash_ops.acceptance.helm_test spec-metrics --base-url ... --model NAME \\
         --pods-dns RELEASE-pods.NAMESPACE.svc --pods-port 8000
 
-Each prints what it checked and exits 1 with the reason when the answer is wrong.
+Each prints what it checked and exits 1 with the reason when the answer is wrong. With
+VLLM_API_KEY set (the release's auth.apiKeySecret) every request carries it as a bearer token.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -143,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pods-port", type=int, default=8000)
     args = parser.parse_args(argv)
-    with httpx.Client(base_url=args.base_url, timeout=args.timeout) as client:
+    # The release's API key (chart: auth.apiKeySecret), for the routes vLLM guards.
+    key = os.environ.get("VLLM_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=args.base_url, timeout=args.timeout, headers=headers) as client:
         try:
             if args.check == "chat":
                 print(chat(client, args.model))

@@ -70,9 +70,11 @@ class RequestRecord:
 
 
 class Endpoint:
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
         self.base_url = check_base_url(base_url)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=CONNECT_TIMEOUT_S)
+        # vLLM --api-key guards /v1/...; /metrics and /health ignore the header.
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -80,6 +82,7 @@ class Endpoint:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=self.timeout,
+                headers=self.headers,
                 connector=aiohttp.TCPConnector(limit=0, force_close=False),
             )
         return self._session
@@ -100,6 +103,12 @@ class Endpoint:
 
     async def models(self) -> list[str]:
         status, text = await self._get("/v1/models")
+        if status == 401:
+            which = "is not accepted" if self.headers else "is required"
+            raise UserError(
+                f"{self.base_url}/v1/models answered 401 Unauthorized: an API key {which}; pass "
+                "--api-key or set OPENAI_API_KEY"
+            )
         if status != 200:
             raise UserError(f"{self.base_url}/v1/models answered {status}: {text[:200]}")
         try:

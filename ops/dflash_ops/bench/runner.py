@@ -313,9 +313,10 @@ async def run_bench(
     reference_url: str | None = None,
     reference_model: str | None = None,
     lossless_concurrency: tuple[int, ...] = (1, 4),
+    api_key: str | None = None,
 ) -> BenchResult:
-    endpoint = Endpoint(base_url)
-    reference = Endpoint(reference_url) if reference_url else None
+    endpoint = Endpoint(base_url, api_key=api_key)
+    reference = Endpoint(reference_url, api_key=api_key) if reference_url else None
     try:
         if model is None:
             served = await endpoint.models()

@@ -35,9 +35,20 @@ def profiles() -> list[str]:
 
 
 def add_values_arguments(parser: argparse.ArgumentParser) -> None:
-    """--profile and -f/--values, as `render` and `preflight` take them."""
+    """--profile, -f/--values and --set, as `render` and `preflight` take them (helm's order:
+    the profile, then each -f file, then each --set)."""
     parser.add_argument("--profile", choices=profiles(), help="a values profile from the chart")
-    parser.add_argument("-f", "--values", type=Path, action="append", default=[])
+    parser.add_argument(
+        "-f", "--values", type=Path, action="append", default=[], help="a values file (repeatable)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="sets",
+        metavar="KEY=VALUE",
+        help="a value, as helm --set takes it (repeatable)",
+    )
 
 
 def values_files(args: argparse.Namespace) -> list[Path]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="engine base URL")
     parser.add_argument("--model", help="served model name (default: the first in /v1/models)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY"),
+        help="bearer token for an engine started with an API key (default: $OPENAI_API_KEY, "
+        "as vllm bench serve); also sent to --check-lossless",
+    )
     load = parser.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency", type=_positive_list(int), help="in-flight requests per level (1,4)"
@@ -181,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             reference_url=args.check_lossless,
             reference_model=args.reference_model,
             lossless_concurrency=tuple(args.lossless_concurrency),
+            api_key=args.api_key,
         )
     )
     paths = report.write(result, args.out)

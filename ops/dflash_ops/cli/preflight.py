@@ -1,9 +1,11 @@
 """`dflash-serve preflight`: check a cluster before `helm install`, with what to fix.
 
-Reads the chart's values (defaults plus a profile or -f files) to know what the release will
-ask for, then checks the current cluster through the Kubernetes API: GPU nodes of the wanted
-product with enough allocatable GPUs, the NVIDIA device plugin, the StorageClass, the CRDs the
-values need, the namespace and the HF token Secret.
+Renders the chart with the same value arguments the install gets (--profile, -f, --set) and
+checks what that render asks of the current cluster, through the Kubernetes API: nodes its GPU
+pods may land on (their rendered affinity, node selector and tolerations) with enough
+allocatable GPUs, the NVIDIA device plugin, the StorageClass of each claim, the CRD of every
+custom kind it renders (and that KubeRay knows upgradeStrategy), the namespace, and every Secret
+its pods reference (HF token, API key, extra ones) with its key.
 """
 
 from __future__ import annotations
@@ -11,19 +13,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dflash_ops.chart.values import add_values_arguments, chart_values, values_files
+from dflash_ops.chart.helm import helm_template
+from dflash_ops.chart.values import add_values_arguments, values_files
 from dflash_ops.errors import UserError
 from dflash_ops.preflight.checks import check_cluster, report
 from dflash_ops.preflight.kubernetes_cluster import KubernetesCluster
+from dflash_ops.preflight.release_needs import needs_from_render
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "preflight",
-        help="check the current cluster before helm install (GPUs, plugin, storage, CRDs, secret)",
+        help="check the current cluster before helm install (GPUs, plugin, storage, CRDs, secrets)",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     add_values_arguments(parser)
+    parser.add_argument("--release", default="dflash", help="the release name helm install gets")
     parser.add_argument("--namespace", "-n", default="default")
     parser.add_argument(
         "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
@@ -34,10 +39,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    values = chart_values(values_files(args))
+    rendered = helm_template(values_files(args), args.sets, args.release, args.namespace)
+    needs = needs_from_render(rendered)
     cluster = KubernetesCluster(args.kubeconfig, args.context)
     try:
-        checks = check_cluster(values, args.namespace, cluster)
+        checks = check_cluster(needs, args.namespace, cluster)
     except Exception as err:  # an API error is reported as such, not as a traceback
         raise UserError(f"the Kubernetes API refused a read: {err}") from None
     return report(checks, args.format)

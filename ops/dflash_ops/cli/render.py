@@ -21,7 +21,6 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_values_arguments(parser)
-    parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value")
     parser.add_argument("--release", default=EXAMPLE_RELEASE)
     parser.add_argument("--namespace", default=EXAMPLE_NAMESPACE)
     parser.add_argument(

@@ -26,10 +26,13 @@ def register(subparsers: Any) -> None:
         description=(
             "Scrape a vLLM engine's /health and /metrics on loopback and serve /livez, /readyz, "
             "/livez/engine, /metrics (dflash_* series) and /stats. Every setting is a flag and a "
-            "DFLASH_SIDECAR_<NAME> environment variable (flags win); durations are seconds."
+            "DFLASH_SIDECAR_<NAME> environment variable (flags win); durations are seconds. "
+            "The engine's API key, when it requires one, only from VLLM_API_KEY."
         ),
     )
     for setting in settings_spec():
+        if not setting.has_flag:
+            continue
         if setting.is_flag_only_switch:
             parser.add_argument(
                 setting.flag, action="store_true", default=None, help=setting.help()
@@ -50,6 +53,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> SidecarS
     overrides: dict[str, object] = {}
     try:
         for setting in settings_spec():
+            if not setting.has_flag:
+                continue
             value = getattr(args, setting.name)
             if value is not None and setting.name == "windows":
                 value = parse_windows(value)

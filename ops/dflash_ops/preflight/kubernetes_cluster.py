@@ -34,9 +34,15 @@ class KubernetesCluster:
     def nodes(self) -> list[Any]:
         return list(self.core.list_node().items)
 
-    def crd_names(self) -> set[str]:
-        items = self.ext.list_custom_resource_definition().items
-        return {str(c.metadata.name) for c in items if c.metadata is not None}
+    def crd(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = self.ext.read_custom_resource_definition(name)
+        except self._client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        serialize = self._client.ApiClient().sanitize_for_serialization
+        return dict(serialize(found))  # type: ignore[no-untyped-call]
 
     def storage_classes(self) -> list[Any]:
         return list(self.storage.list_storage_class().items)

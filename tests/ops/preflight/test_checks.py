@@ -1,5 +1,5 @@
-"""Preflight on recorded API objects (NodeList, CRD, StorageClass, DaemonSet lists), and the
-CLI with no kubeconfig."""
+"""Preflight on recorded API objects (NodeList, CRD, StorageClass, DaemonSet lists) for real
+chart renders, and the CLI with no kubeconfig."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflash_ops.chart.values import chart_values
+from dflash_ops.chart.helm import helm_template
 from dflash_ops.paths import PROFILES_DIR
 from dflash_ops.preflight.checks import Check, check_cluster, report
+from dflash_ops.preflight.release_needs import ReleaseNeeds, needs_from_render
 
 from tests.conftest import find_tool
 
@@ -29,7 +30,7 @@ def load(name: str, model: str) -> Any:
 class RecordedCluster:
     def __init__(
         self,
-        crds: set[str] | None = None,
+        crds: str | None = "crds.json",
         namespaces: set[str] | None = None,
         secrets: dict[str, set[str]] | None = None,
         gpus: int | None = None,
@@ -39,21 +40,21 @@ class RecordedCluster:
             for node in self._nodes:
                 if node.status.allocatable.get("nvidia.com/gpu"):
                     node.status.allocatable["nvidia.com/gpu"] = str(gpus)
-        self._crds = (
-            crds
-            if crds is not None
-            else {
-                c.metadata.name for c in load("crds.json", "V1CustomResourceDefinitionList").items
-            }
-        )
+        self._crds: dict[str, dict[str, Any]] = {}
+        if crds is not None:
+            for item in json.loads((FIXTURES / crds).read_text())["items"]:
+                self._crds[item["metadata"]["name"]] = item
+            if crds != "crds.json":  # an older KubeRay beside the usual monitoring CRDs
+                for item in json.loads((FIXTURES / "crds.json").read_text())["items"]:
+                    self._crds.setdefault(item["metadata"]["name"], item)
         self._namespaces = namespaces if namespaces is not None else {"llm"}
         self._secrets = secrets or {}
 
     def nodes(self) -> list[Any]:
         return list(self._nodes)
 
-    def crd_names(self) -> set[str]:
-        return self._crds
+    def crd(self, name: str) -> dict[str, Any] | None:
+        return self._crds.get(name)
 
     def storage_classes(self) -> list[Any]:
         return list(load("storageclasses.json", "V1StorageClassList").items)
@@ -72,8 +73,14 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
+def needs(*sets: str, profile: str | None = None) -> ReleaseNeeds:
+    files = [PROFILES_DIR / f"{profile}.yaml"] if profile else []
+    return needs_from_render(helm_template(files, list(sets), "dflash", "llm"))
+
+
 def test_fixtures_are_valid_kubernetes_lists(tmp_path: Path) -> None:
-    for name in ("nodes.json", "storageclasses.json", "daemonsets.json", "crds.json"):
+    names = ("nodes.json", "storageclasses.json", "daemonsets.json", "crds.json")
+    for name in (*names, "crds-kuberay-1.5.json"):
         result = subprocess.run(
             [find_tool("kubernetes-validate"), "-k", "1.31.0", "--quiet", str(FIXTURES / name)],
             capture_output=True,
@@ -83,39 +90,103 @@ def test_fixtures_are_valid_kubernetes_lists(tmp_path: Path) -> None:
 
 
 def test_default_values_pass_on_a_ready_cluster() -> None:
-    checks = by_name(check_cluster(chart_values([]), "llm", RecordedCluster()))
+    checks = by_name(check_cluster(needs(), "llm", RecordedCluster()))
     assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
-    assert "room for 8 pod(s), the release needs 1" in checks["GPU nodes"].detail
+    gpu = checks["GPU nodes for Deployment/dflash-dflash-serve"]
+    assert "1 pod(s) of 2 nvidia.com/gpu; 2 node(s) match" in gpu.detail
     assert "gpu-operator/nvidia-device-plugin-daemonset" in checks["NVIDIA device plugin"].detail
-    assert checks["Model cache storage"].detail == "default StorageClass: gp3"
+    assert checks["Model cache storage"].detail.endswith("default StorageClass: gp3")
 
 
 def test_h100_profile_finds_one_node() -> None:
-    values = chart_values([PROFILES_DIR / "h100-tp2-dflash2.yaml"])
-    checks = by_name(check_cluster(values, "llm", RecordedCluster()))
-    assert "1 node(s) labelled" in checks["GPU nodes"].detail and checks["GPU nodes"].ok
+    checks = by_name(check_cluster(needs(profile="h100-tp2-dflash2"), "llm", RecordedCluster()))
+    gpu = checks["GPU nodes for Deployment/dflash-dflash-serve"]
+    assert gpu.ok and "1 node(s) match" in gpu.detail
+
+
+def test_the_pods_affinity_decides_where_they_fit() -> None:
+    """gpu.type=h100 alone targets the H100 node; replicas beyond its 8 GPUs do not fit."""
+    checks = by_name(
+        check_cluster(
+            needs("gpu.type=h100", "replicas=5", "modelCache.accessModes={ReadWriteMany}"),
+            "llm",
+            RecordedCluster(),
+        )
+    )
+    gpu = checks["GPU nodes for Deployment/dflash-dflash-serve"]
+    assert not gpu.ok and "1 node(s) match" in gpu.detail and "room for 4" in gpu.detail
+    # Without the product affinity every node with GPUs counts.
+    off = by_name(check_cluster(needs("gpu.productAffinity=false"), "llm", RecordedCluster()))
+    assert (
+        "4 node(s) match (any node), 3 of them with 2 allocatable"
+        in off["GPU nodes for Deployment/dflash-dflash-serve"].detail
+    )
+
+
+def test_an_untolerated_taint_keeps_the_pods_off_a_node() -> None:
+    from kubernetes.client import V1NodeSpec, V1Taint
+
+    cluster = RecordedCluster()
+    for node in cluster._nodes:
+        if node.metadata.name != "gpu-a100-0":
+            continue
+        node.spec = node.spec or V1NodeSpec()
+        node.spec.taints = [V1Taint(key="dedicated", value="training", effect="NoSchedule")]
+    checks = by_name(check_cluster(needs(), "llm", cluster))
+    assert "1 node(s) match" in checks["GPU nodes for Deployment/dflash-dflash-serve"].detail
 
 
 def test_missing_pieces_each_get_a_fix() -> None:
-    values = chart_values([PROFILES_DIR / "a100-2node-tp4-ray.yaml"])
-    values["model"]["hfTokenSecret"]["name"] = "hf"
-    values["modelCache"]["storageClass"] = "premium-rwx"
-    cluster = RecordedCluster(crds=set(), namespaces=set(), gpus=1)
-    checks = by_name(check_cluster(values, "llm", cluster))
-    assert not checks["GPU nodes"].ok and "needs 2" in checks["GPU nodes"].detail
-    assert (
-        not checks["CRD rayclusters.ray.io"].ok
-        and "KubeRay" in checks["CRD rayclusters.ray.io"].fix
+    release = needs(
+        "model.hfTokenSecret.name=hf",
+        "modelCache.storageClass=premium-rwx",
+        profile="a100-2node-tp4-ray",
     )
+    cluster = RecordedCluster(crds=None, namespaces=set(), gpus=1)
+    checks = by_name(check_cluster(release, "llm", cluster))
+    head = checks["GPU nodes for RayCluster/dflash-dflash-serve head"]
+    assert not head.ok and "1 pod(s) of 2 nvidia.com/gpu" in head.detail
+    ray = checks["CRD rayclusters.ray.io"]
+    assert not ray.ok and "KubeRay" in ray.fix
     assert not checks["CRD podmonitors.monitoring.coreos.com"].ok
-    assert (
-        not checks["Model cache storage"].ok and "premium-rwx" in checks["Model cache storage"].fix
-    )
+    storage = checks["Model cache storage"]
+    assert not storage.ok and "premium-rwx" in storage.fix
     assert not checks["Namespace"].ok and "create namespace llm" in checks["Namespace"].fix
-    assert (
-        not checks["HF token Secret"].ok
-        and "create secret generic hf" in checks["HF token Secret"].fix
+    secret = checks["Secret hf"]
+    assert not secret.ok and "create secret generic hf --from-literal=token=" in secret.fix
+
+
+def test_the_api_key_secret_and_its_key_are_checked() -> None:
+    release = needs("auth.apiKeySecret.name=vllm-key")
+    right = RecordedCluster(secrets={"llm/vllm-key": {"api-key"}})
+    assert by_name(check_cluster(release, "llm", right))["Secret vllm-key"].ok
+    wrong = by_name(
+        check_cluster(release, "llm", RecordedCluster(secrets={"llm/vllm-key": {"token"}}))
     )
+    secret = wrong["Secret vllm-key"]
+    assert not secret.ok and "key api-key" in secret.detail and "['token']" in secret.detail
+
+
+def test_an_old_kuberay_is_caught() -> None:
+    release = needs(profile="a100-2node-tp4-ray")
+    current = by_name(check_cluster(release, "llm", RecordedCluster()))
+    assert current["KubeRay upgrades"].ok
+    old = by_name(check_cluster(release, "llm", RecordedCluster(crds="crds-kuberay-1.5.json")))
+    check = old["KubeRay upgrades"]
+    assert not check.ok and "1.6" in check.fix
+
+
+def test_preflight_and_render_take_the_same_value_arguments() -> None:
+    from dflash_ops.cli import build_parser
+
+    words = ["--profile", "h100-tp2-dflash2", "-f", "x.yaml", "--set", "replicas=2"]
+    parser = build_parser()
+    render, preflight = (
+        parser.parse_args(["render", *words]),
+        parser.parse_args(["preflight", *words]),
+    )
+    for name in ("profile", "values", "sets"):
+        assert getattr(render, name) == getattr(preflight, name)
 
 
 def test_report_formats_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
