@@ -10,7 +10,7 @@ from enum import StrEnum
 from importlib.metadata import distributions
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dflash_patches.unified_diff import FilePatch, HunkFailed, parse
 
@@ -22,6 +22,10 @@ MANIFEST_NAME = "manifest.json"
 
 class PatchError(Exception):
     """The series cannot be checked, applied or reverted here; the message says why."""
+
+
+class ManifestError(PatchError):
+    """The --series-dir holds no usable manifest: a wrong input, not a failed patch."""
 
 
 def sha256(data: bytes) -> str:
@@ -73,11 +77,21 @@ class PatchStatus(BaseModel):
 def load_manifest(series_dir: Path = SERIES_DIR) -> Manifest:
     path = series_dir / MANIFEST_NAME
     if not path.is_file():
-        raise PatchError(
+        raise ManifestError(
             f"no {MANIFEST_NAME} in {series_dir}: pass --series-dir with the repository's "
             "patches/ directory"
         )
-    manifest = Manifest.model_validate_json(path.read_text())
+    try:
+        manifest = Manifest.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise ManifestError(f"{path}: {err.strerror or err}") from None
+    except ValidationError as err:
+        problem = err.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"]) or "the file"
+        raise ManifestError(
+            f"{path} is not a patch-series manifest ({where}: {problem['msg']}): pass "
+            "--series-dir with the repository's patches/ directory"
+        ) from None
     last: dict[str, str] = {}  # target -> its hash after the latest patch touching it
     for entry in manifest.patches:
         for target, hashes in entry.targets.items():

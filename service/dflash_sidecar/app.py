@@ -2,6 +2,9 @@
 
 No engine input can make an endpoint answer 5xx: `/readyz` and `/livez/engine` answer 503 on
 purpose (that is their answer), `/stats` and `/metrics` always answer with what can be computed.
+Every endpoint serves what the last scrape computed (`/metrics` renders its page once per
+scrape), so a flood of requests costs little and never starves the probe loop. No API docs
+(`/docs`, `/redoc`, `/openapi.json`) on this port.
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) 
     monitor = monitor or EngineMonitor(settings)
     if settings.kubernetes_events:
         assert settings.pod_name and settings.pod_namespace
-        monitor.verdict_listeners.append(VerdictEvents(settings.pod_name, settings.pod_namespace))
+        monitor.verdict_listeners.append(
+            VerdictEvents(
+                settings.pod_name, settings.pod_namespace, timeout=settings.events_timeout
+            )
+        )
     registry = build_registry(monitor)
 
     @contextlib.asynccontextmanager
@@ -43,7 +50,13 @@ def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) 
                 await task
             await monitor.aclose()
 
-    app = FastAPI(title="dflash-serve sidecar", lifespan=lifespan)
+    app = FastAPI(
+        title="dflash-serve sidecar",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.monitor = monitor
     app.state.settings = settings
 
@@ -65,8 +78,15 @@ def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) 
     async def stats() -> StatsResponse:
         return monitor.stats()
 
+    app.state.metrics_page = (None, b"")  # (the scrape it renders, the page)
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        figures_at = monitor.figures().at
+        rendered_at, body = app.state.metrics_page
+        if rendered_at != figures_at:
+            body = generate_latest(registry)
+            app.state.metrics_page = (figures_at, body)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app

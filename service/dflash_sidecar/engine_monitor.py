@@ -1,23 +1,28 @@
 """Background monitor of one vLLM engine: probes `/health` and `/metrics` on loopback, keeps the
 acceptance windows, proves the engine can generate, and decides readiness and liveness.
 
-Readiness needs more than `/health`: vLLM can answer 200 there while its engine core is dead. So
-the monitor also requires token progress: either the engine's generation counter moved recently,
-or a one-token canary completion succeeded (sent only while the engine is idle, at most once per
-`canary_interval`); and while requests run, tokens must keep coming.
+Readiness follows the engine's ability to serve: `/health` 200 (vLLM can answer it while its
+engine core is dead, so also) proof of generation: the engine's generation counter moved
+recently, or a one-token canary completion succeeded (sent while the engine is idle or its
+metrics are unreadable, at most once per `canary_interval`, beside the probe loop so a slow
+canary never holds the probes); and while requests run, tokens must keep coming. A slow or
+failed `/metrics` read alone never makes the engine unready: it is counted and reported.
 
-Nothing the engine sends can break the monitor: every probe has one total deadline, a page that
-does not parse is counted and logged (rate-limited), an untrusted sample is dropped for that
-scrape, and figures are only ever computed from trusted, fresh snapshots.
+Nothing the engine sends can block or break the monitor: every probe has one total deadline,
+`/metrics` is read up to `max_page_bytes` and parsed off the event loop (the endpoints keep
+answering while a large page is parsed), a page that does not parse is counted and logged
+(rate-limited, values cut short), an untrusted sample is dropped for that scrape, and figures
+are computed once per scrape from trusted, fresh snapshots; every endpoint serves those.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -32,7 +37,7 @@ from dflash_sidecar.acceptance_window import (
 )
 from dflash_sidecar.engine_state import EngineState, EngineStateTracker
 from dflash_sidecar.log_limiter import LogLimiter
-from dflash_sidecar.metrics_parser import SeriesKey
+from dflash_sidecar.metrics_parser import ParsedExposition, SeriesKey
 from dflash_sidecar.models import (
     EngineLiveness,
     Readiness,
@@ -46,8 +51,20 @@ from dflash_sidecar.verdict import Verdict, judge
 
 log = logging.getLogger("dflash_sidecar")
 
-VerdictListener = Callable[[Verdict, Verdict, str], None]
-ERROR_KINDS = ("connect", "timeout", "http_status", "not_vllm_metrics", "canary", "internal")
+VerdictListener = Callable[[Verdict, Verdict, str], Awaitable[None] | None]
+ERROR_KINDS = (
+    "connect",
+    "timeout",
+    "http_status",
+    "not_vllm_metrics",
+    "page_too_large",
+    "canary",
+    "internal",
+)
+
+
+class PageTooLarge(Exception):
+    pass
 
 
 @dataclass
@@ -55,10 +72,12 @@ class ProbeState:
     health_ok: bool = False
     health_detail: str = "no probe yet"
     metrics_ok: bool = False
+    metrics_detail: str = "no /metrics read yet"  # why the last read failed
+    metrics_failing_since: float | None = None
     last_probe_at: float | None = None
     last_progress_at: float | None = None  # generation counter moved or canary succeeded
     last_generation_tokens: float | None = None
-    requests_running: float = 0.0
+    requests_running: float | None = None  # None: unknown (the last /metrics read failed)
     canary_due_at: float = 0.0
     canary_failure: str | None = None
     served_model: str | None = None
@@ -72,6 +91,15 @@ class ScrapeCounters:
     dropped_samples: Counter[str] = field(default_factory=Counter)
     last_error: str | None = None
     durations: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The window figures of one scrape, which every endpoint serves until the next."""
+
+    at: float
+    windows: dict[str, WindowStats]
+    series: list[SeriesStats]
 
 
 class EngineMonitor:
@@ -89,20 +117,27 @@ class EngineMonitor:
         self.probe = ProbeState(served_model=settings.served_model)
         self.scrapes = ScrapeCounters()
         self.dropped_series = 0
+        self.evicted_series = 0
+        self.listener_failures = 0
         self.verdict_listeners: list[VerdictListener] = []
         self._verdict: Verdict = Verdict.NO_DATA
         self.started_at = time.monotonic() if started_at is None else started_at
         self.started_at_unix = time.time()
         self.engine = EngineStateTracker(self.started_at, settings.startup_budget)
         self.logs = LogLimiter(log)
+        self._canary: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._figures: Figures | None = None
 
     # -- one cycle ---------------------------------------------------------------------------
     async def run_once(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         started = time.perf_counter()
-        (health, health_error), (metrics, _) = await asyncio.gather(
-            self._get("/health"), self._get("/metrics")
+        (health, health_error), (page, page_error) = await asyncio.gather(
+            self._get("/health"), self._get_metrics()
         )
+        if page_error is not None:
+            self.probe.metrics_detail = page_error
         self.probe.last_probe_at = now
         self.probe.health_ok = health is not None and health.status_code == 200
         if health is None:
@@ -112,37 +147,56 @@ class EngineMonitor:
             if health.status_code != 200:
                 self._count_error("http_status", f"GET /health answered {health.status_code}")
         self.probe.metrics_ok = False
-        if metrics is not None and metrics.status_code == 200:
-            self.ingest(metrics.text, now)
-        elif metrics is not None:
-            self._count_error("http_status", f"GET /metrics answered {metrics.status_code}")
+        if page is not None:
+            try:
+                parsed = await asyncio.to_thread(
+                    metrics_parser.parse, page, self.settings.max_page_series
+                )
+            except Exception as err:  # a parser bug must not stop the probes
+                self._count_error("internal", f"parsing /metrics failed: {type(err).__name__}")
+                self.logs.log(logging.ERROR, "parse-bug", "parsing /metrics failed", exc_info=True)
+            else:
+                self.apply(parsed, page[:120], now)
+        if self.probe.metrics_ok:
+            self.probe.metrics_failing_since = None
+        else:
+            self.probe.requests_running = None
+            if self.probe.metrics_failing_since is None:
+                self.probe.metrics_failing_since = now
         if self.probe.health_ok:
-            await self._check_generation(now)
+            self._check_generation(now)
         self.engine.update(now, self.probe.health_ok, self._generating(now))
         self.scrapes.durations.append(time.perf_counter() - started)
         del self.scrapes.durations[:-256]
-        self._update_verdict(now)
+        self._figures = self._compute_figures(now)
+        self._update_verdict()
 
     def ingest(self, text: str, now: float) -> None:
-        """Parse one exposition and advance the windows (the hot path the benchmark times)."""
-        parsed = metrics_parser.parse(text)
+        """Parse one exposition and advance the windows (what the benchmark times)."""
+        self.apply(metrics_parser.parse(text, self.settings.max_page_series), text[:120], now)
+
+    def apply(self, parsed: ParsedExposition, head: str, now: float) -> None:
+        """Advance the windows with one parsed exposition."""
         if parsed.errors:
-            self.scrapes.parse_errors += len(parsed.errors)
+            self.scrapes.parse_errors += parsed.error_count
             self.logs.log(
                 logging.WARNING,
                 "parse",
                 "malformed lines in the engine's /metrics (%d), first: %s",
-                len(parsed.errors),
+                parsed.error_count,
                 parsed.errors[0],
             )
         if not parsed.is_vllm:
-            self._count_error("not_vllm_metrics", "GET /metrics returned no vllm: series")
+            self.probe.metrics_detail = "GET /metrics returned no vllm: series"
+            self._count_error("not_vllm_metrics", self.probe.metrics_detail)
             self.logs.log(
-                logging.WARNING, "not_vllm", "the engine's /metrics is not vLLM's: %r", text[:120]
+                logging.WARNING, "not_vllm", "the engine's /metrics is not vLLM's: %r", head
             )
             return
         self.scrapes.ok += 1
         self.probe.metrics_ok = True
+        if parsed.overflow:
+            self.dropped_series += parsed.overflow
         generation: float | None = 0.0
         running = 0.0
         for key, sample in parsed.series.items():
@@ -154,12 +208,9 @@ class EngineMonitor:
                 continue
             if generation is not None:
                 generation += snapshot.generation_tokens
-            window = self.windows.get(key)
+            window = self._window_for(key, now)
             if window is None:
-                if len(self.windows) >= self.settings.max_series:
-                    self.dropped_series += 1
-                    continue
-                window = self.windows[key] = AcceptanceWindow(self.settings.window_capacity)
+                continue
             outcome = window.add(snapshot)
             if isinstance(outcome, SampleProblem):
                 self._drop(key, outcome, "a counter went back while the engine kept running")
@@ -173,6 +224,27 @@ class EngineMonitor:
             self.probe.last_generation_tokens = generation
         self.probe.requests_running = running
 
+    def _window_for(self, key: SeriesKey, now: float) -> AcceptanceWindow | None:
+        """The window of a series; a new series takes the slot of the one unseen for longest,
+        once that one has not been seen for the longest window (else it is not tracked)."""
+        window = self.windows.get(key)
+        if window is not None:
+            return window
+        if len(self.windows) >= self.settings.max_series:
+            longest = max(self.settings.windows.values())
+            oldest_key, oldest = min(
+                self.windows.items(),
+                key=lambda item: item[1].latest.at if item[1].latest else float("-inf"),
+            )
+            last_seen = oldest.latest.at if oldest.latest else float("-inf")
+            if now - last_seen <= longest:
+                self.dropped_series += 1
+                return None
+            del self.windows[oldest_key]
+            self.evicted_series += 1
+        window = self.windows[key] = AcceptanceWindow(self.settings.window_capacity)
+        return window
+
     def _drop(self, key: SeriesKey, problem: SampleProblem, detail: str) -> None:
         self.scrapes.dropped_samples[problem.value] += 1
         self.logs.log(
@@ -184,36 +256,54 @@ class EngineMonitor:
             detail,
         )
 
-    async def _check_generation(self, now: float) -> None:
-        """Prove the engine core generates: recent token progress, else a 1-token canary."""
+    # -- the canary, beside the probe loop ----------------------------------------------------
+    def _check_generation(self, now: float) -> None:
+        """Prove the engine core generates: recent token progress, else a 1-token canary,
+        started beside the loop while the engine is idle (or its load unknown)."""
         recent = self.probe.last_progress_at
         if recent is not None and now - recent < self.settings.canary_interval:
             self.probe.canary_failure = None
             return
-        if now < self.probe.canary_due_at or self.probe.requests_running > 0:
+        busy = self.probe.requests_running is not None and self.probe.requests_running > 0
+        if now < self.probe.canary_due_at or busy:
+            return
+        if self._canary is not None and not self._canary.done():
             return
         self.probe.canary_due_at = now + self.settings.canary_interval
+        self._canary = asyncio.get_running_loop().create_task(self._run_canary(now), name="canary")
+
+    async def settle(self) -> None:
+        """Wait for the canary and the listeners in flight (tests, shutdown)."""
+        pending = [t for t in (self._canary, *self._background) if t is not None and not t.done()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _run_canary(self, started: float) -> None:
+        timeout = self.settings.canary_timeout
         try:
-            async with asyncio.timeout(self.settings.canary_timeout):
+            async with asyncio.timeout(timeout):
                 model = self.probe.served_model or await self._served_model()
                 reply = await self.client.post(
                     "/v1/completions",
                     json={"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0},
                     headers=self._auth_headers(),
-                    timeout=self.settings.canary_timeout,
+                    timeout=timeout,
                 )
             if reply.status_code != 200:
                 raise RuntimeError(self._refusal("canary completion", reply))
-            self.probe.last_progress_at = now
+            latest = self.probe.last_progress_at
+            self.probe.last_progress_at = started if latest is None else max(latest, started)
             self.probe.canary_failure = None
-        except TimeoutError:
-            self.probe.canary_failure = (
-                f"canary completion timed out after {self.settings.canary_timeout:g}s"
-            )
-            self._count_error("canary", self.probe.canary_failure)
+        except (TimeoutError, httpx.TimeoutException):
+            # A busy engine answers late: that is not a failure yet; no proof of generation for
+            # stall_timeout is (see _generating).
+            self._count_error("canary", f"canary completion timed out after {timeout:g}s")
         except (httpx.HTTPError, RuntimeError, KeyError, IndexError, TypeError, ValueError) as err:
             self.probe.canary_failure = f"{type(err).__name__}: {err}"[:300]
             self._count_error("canary", self.probe.canary_failure)
+        # The verdict of the canary counts now, not at the next probe.
+        at = max(started, self.engine.since)
+        self.engine.update(at, self.probe.health_ok, self._generating(at))
 
     async def _served_model(self) -> str:
         reply = await self.client.get("/v1/models", headers=self._auth_headers())
@@ -237,8 +327,9 @@ class EngineMonitor:
                 "VLLM_API_KEY (chart: auth.apiKeySecret)"
             )
             return f"{what} answered 401 Unauthorized: {fix}"
-        return f"{what} answered {reply.status_code}: {reply.text[:200]}"
+        return f"{what} answered {reply.status_code}: {reply.text[:200]!r}"
 
+    # -- HTTP --------------------------------------------------------------------------------
     async def _get(self, path: str) -> tuple[httpx.Response | None, str | None]:
         """GET with one total deadline (a server that trickles bytes cannot hold the probe):
         the response, or None and what went wrong."""
@@ -253,33 +344,74 @@ class EngineMonitor:
         self._count_error(kind, message)
         return None, message
 
+    async def _get_metrics(self) -> tuple[str | None, str | None]:
+        """The /metrics page as text, read up to max_page_bytes within the probe deadline."""
+        timeout, limit = self.settings.scrape_timeout, self.settings.max_page_bytes
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.client.stream("GET", "/metrics") as reply:
+                    if reply.status_code != 200:
+                        message = f"GET /metrics answered {reply.status_code}"
+                        self._count_error("http_status", message)
+                        return None, message
+                    body = bytearray()
+                    async for chunk in reply.aiter_bytes():
+                        if len(body) + len(chunk) > limit:
+                            raise PageTooLarge
+                        body += chunk
+            return body.decode("utf-8", errors="replace"), None
+        except PageTooLarge:
+            kind = "page_too_large"
+            message = (
+                f"GET /metrics: the page is larger than {limit} bytes (--max-page-bytes); not read"
+            )
+        except (TimeoutError, httpx.TimeoutException):
+            kind, message = "timeout", f"GET /metrics timed out after {timeout:g}s"
+        except httpx.HTTPError as err:
+            kind, message = "connect", f"GET /metrics: {type(err).__name__}: {err}"[:300]
+        self._count_error(kind, message)
+        return None, message
+
     def _count_error(self, kind: str, message: str) -> None:
         self.scrapes.errors[kind] += 1
         self.scrapes.last_error = message
 
     # -- readiness, liveness and stats -------------------------------------------------------
     def _stale_after(self) -> float:
-        """Age beyond which a snapshot no longer describes the engine."""
+        """Age beyond which a snapshot (or the last probe) no longer describes the engine."""
         return 2 * self.settings.scrape_interval + self.settings.scrape_timeout
 
     def _stalled(self, now: float) -> bool:
         p = self.probe
         return (
-            p.requests_running > 0
+            p.requests_running is not None
+            and p.requests_running > 0
             and p.last_progress_at is not None
             and now - p.last_progress_at > self.settings.stall_timeout
         )
 
+    def _unproven_for(self, now: float) -> float | None:
+        """Seconds without proof of generation beyond stall_timeout (metrics unreadable and no
+        canary succeeding), else None."""
+        p = self.probe
+        if p.metrics_ok or p.last_progress_at is None:
+            return None
+        idle = now - p.last_progress_at
+        return idle if idle > self.settings.stall_timeout else None
+
     def _generating(self, now: float) -> bool:
         p = self.probe
         return (
-            p.last_progress_at is not None and p.canary_failure is None and not self._stalled(now)
+            p.last_progress_at is not None
+            and p.canary_failure is None
+            and not self._stalled(now)
+            and self._unproven_for(now) is None
         )
 
     def readiness(self, now: float | None = None) -> Readiness:
         now = time.monotonic() if now is None else now
         p, s = self.probe, self.settings
-        fresh = p.last_probe_at is not None and now - p.last_probe_at <= 2 * s.scrape_interval
+        fresh = p.last_probe_at is not None and now - p.last_probe_at <= self._stale_after()
         state = self.engine.state
         checks = {
             "probe_fresh": fresh,
@@ -288,6 +420,7 @@ class EngineMonitor:
             "generating": self._generating(now),
         }
         waited = self.engine.seconds_in_state(now)
+        unproven = self._unproven_for(now)
         if p.last_probe_at is None:
             reason = "no probe of the engine yet"
         elif not fresh:
@@ -305,13 +438,16 @@ class EngineMonitor:
             )
         elif not p.health_ok:
             reason = f"engine down for {waited:.0f}s: {p.health_detail}"
-        elif not p.metrics_ok:
-            reason = f"engine metrics unavailable: {self.scrapes.last_error}"
         elif p.canary_failure is not None:
             reason = f"engine answers /health but cannot generate: {p.canary_failure}"
         elif self._stalled(now):
             idle = now - (p.last_progress_at or now)
             reason = f"{p.requests_running:.0f} requests running, no tokens for {idle:.0f}s"
+        elif unproven is not None:
+            reason = (
+                f"no proof of generation for {unproven:.0f}s: the engine's metrics are "
+                f"unreadable ({p.metrics_detail}) and no canary succeeded"
+            )
         elif p.last_progress_at is None:
             reason = "engine healthy, waiting for the first generated token"
         else:
@@ -327,7 +463,7 @@ class EngineMonitor:
         seconds = self.engine.seconds_in_state(now)
         fresh = (
             self.probe.last_probe_at is not None
-            and now - self.probe.last_probe_at <= 2 * s.scrape_interval + s.scrape_timeout
+            and now - self.probe.last_probe_at <= self._stale_after()
         )
         if fresh and state is EngineState.DOWN and seconds >= s.engine_down_grace:
             return EngineLiveness(
@@ -345,7 +481,8 @@ class EngineMonitor:
 
     def _window_stats(self, delta: Delta | None, seconds: float, why_none: str) -> WindowStats:
         thresholds = self.settings.thresholds
-        impossible = delta.impossible() if delta is not None and delta.seconds > 0 else None
+        k = self.settings.speculative_tokens
+        impossible = delta.impossible(k) if delta is not None and delta.seconds > 0 else None
         if delta is None or delta.seconds <= 0 or impossible is not None:
             reason = why_none if impossible is None else f"figures withheld: {impossible}"
             return WindowStats(
@@ -361,9 +498,8 @@ class EngineMonitor:
                 verdict_reason=reason,
             )
         drafts = delta.drafts
-        mal, rate, per_pos = acceptance_ratios(
-            drafts, delta.draft_tokens, delta.accepted, list(delta.accepted_per_pos)
-        )
+        mal, rate, _ = acceptance_ratios(drafts, delta.draft_tokens, delta.accepted, [])
+        per_pos = delta.per_position()
         verdict, reason = judge(drafts, mal, per_pos, thresholds)
         return WindowStats(
             window_seconds=seconds,
@@ -378,7 +514,7 @@ class EngineMonitor:
             verdict_reason=reason,
         )
 
-    def _why_no_window(self, now: float) -> str:
+    def _why_no_window(self) -> str:
         if not self.probe.health_ok or not self.probe.metrics_ok:
             return f"no data: the engine is {self.engine.state.value.replace('_', ' ')}"
         return "no data: fewer than two fresh snapshots in the window"
@@ -392,10 +528,8 @@ class EngineMonitor:
                 total = delta if total is None else total + delta
         return total
 
-    def stats(self, now: float | None = None) -> StatsResponse:
-        now = time.monotonic() if now is None else now
-        readiness = self.readiness(now)
-        why = self._why_no_window(now)
+    def _compute_figures(self, now: float) -> Figures:
+        why = self._why_no_window()
         stale_after = self._stale_after()
         series = []
         for key, window in self.windows.items():
@@ -406,16 +540,29 @@ class EngineMonitor:
             series.append(
                 SeriesStats(labels=dict(key), windows=per_window, counter_resets=window.resets)
             )
+        windows = {
+            name: self._window_stats(self._total_delta(seconds, now), seconds, why)
+            for name, seconds in self.settings.windows.items()
+        }
+        return Figures(at=now, windows=windows, series=series)
+
+    def figures(self) -> Figures:
+        """The figures of the last scrape (computed then; an endpoint never recomputes)."""
+        if self._figures is None:
+            self._figures = self._compute_figures(time.monotonic())
+        return self._figures
+
+    def stats(self, now: float | None = None) -> StatsResponse:
+        now = time.monotonic() if now is None else now
+        readiness = self.readiness(now)
+        figures = self.figures()
         latest = self.probe.last_probe_at
         return StatsResponse(
             ready=readiness.ready,
             reason=readiness.reason,
             engine_state=self.engine.state,
-            windows={
-                name: self._window_stats(self._total_delta(seconds, now), seconds, why)
-                for name, seconds in self.settings.windows.items()
-            },
-            series=series,
+            windows=figures.windows,
+            series=figures.series,
             scrape=ScrapeHealth(
                 scrapes_ok=self.scrapes.ok,
                 scrape_errors=dict(self.scrapes.errors),
@@ -426,15 +573,29 @@ class EngineMonitor:
             ),
         )
 
-    def _update_verdict(self, now: float) -> None:
-        seconds = self.settings.windows[self.settings.verdict_window]
-        stats = self._window_stats(
-            self._total_delta(seconds, now), seconds, self._why_no_window(now)
-        )
-        if stats.verdict != self._verdict:
-            previous, self._verdict = self._verdict, stats.verdict
-            for listener in self.verdict_listeners:
-                listener(previous, stats.verdict, stats.verdict_reason)
+    def _update_verdict(self) -> None:
+        stats = self.figures().windows[self.settings.verdict_window]
+        if stats.verdict == self._verdict:
+            return
+        previous, self._verdict = self._verdict, stats.verdict
+        for listener in self.verdict_listeners:
+            try:
+                result = listener(previous, stats.verdict, stats.verdict_reason)
+            except Exception:  # a listener must not take the monitor down
+                self.listener_failures += 1
+                self.logs.log(logging.ERROR, "listener", "verdict listener failed", exc_info=True)
+                continue
+            if inspect.isawaitable(result):
+                task = asyncio.get_running_loop().create_task(self._guard(result))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _guard(self, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception:
+            self.listener_failures += 1
+            self.logs.log(logging.ERROR, "listener", "verdict listener failed", exc_info=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run_forever(self) -> None:
@@ -451,4 +612,8 @@ class EngineMonitor:
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def aclose(self) -> None:
+        tasks = [t for t in (self._canary, *self._background) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.client.aclose()

@@ -1,10 +1,23 @@
-"""Log a repeated fault once, then at most once a minute with the count of repeats."""
+"""Log a repeated fault once, then at most once a minute with the count of repeats; values
+from the engine are cut to MAX_VALUE characters (a 5 MB label must not reach the log)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
+
+MAX_VALUE = 300
+
+
+def cut(value: object) -> object:
+    """`value` for a log line: numbers as they are, anything else at most MAX_VALUE chars."""
+    if isinstance(value, int | float):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= MAX_VALUE:
+        return value
+    return f"{text[:MAX_VALUE]}... ({len(text)} characters)"
 
 
 class LogLimiter:
@@ -37,5 +50,5 @@ class LogLimiter:
         self._last[key] = now
         if suppressed:
             message += f" ({suppressed} similar messages suppressed)"
-        self.logger.log(level, message, *args, exc_info=exc_info)
+        self.logger.log(level, message, *(cut(a) for a in args), exc_info=exc_info)
         return True

@@ -95,7 +95,7 @@ class SidecarCollector(Collector):
         errors = CounterMetricFamily(
             "dflash_scrape_errors",
             "Failed engine probes by kind (connect, timeout, http_status, not_vllm_metrics, "
-            "canary, internal).",
+            "page_too_large, canary, internal).",
             labels=["kind"],
         )
         for kind in ERROR_KINDS:
@@ -117,16 +117,35 @@ class SidecarCollector(Collector):
             dropped.add_metric([reason], monitor.scrapes.dropped_samples.get(reason, 0))
         yield dropped
         series = CounterMetricFamily(
-            "dflash_dropped_series", "Scrapes of label sets beyond max_series, not tracked."
+            "dflash_dropped_series",
+            "Label sets not tracked: beyond max_page_series in a page, or new while all "
+            "max_series slots held series seen within the longest window (per scrape).",
         )
         series.add_metric([], monitor.dropped_series)
         yield series
+        evicted = CounterMetricFamily(
+            "dflash_evicted_series",
+            "Tracked series replaced by a new one after not being seen for the longest window.",
+        )
+        evicted.add_metric([], monitor.evicted_series)
+        yield evicted
+        listeners = CounterMetricFamily(
+            "dflash_verdict_listener_failures",
+            "Verdict listeners (Kubernetes Events) that failed or timed out.",
+        )
+        listeners.add_metric([], monitor.listener_failures + self._event_failures())
+        yield listeners
         durations = monitor.scrapes.durations
         last = GaugeMetricFamily(
             "dflash_scrape_duration_seconds", "Duration of the last engine probe cycle."
         )
         last.add_metric([], durations[-1] if durations else 0.0)
         yield last
+
+    def _event_failures(self) -> int:
+        return sum(
+            int(getattr(listener, "failures", 0)) for listener in self.monitor.verdict_listeners
+        )
 
     def _acceptance(self) -> Iterator[Metric]:
         stats = self.monitor.stats()

@@ -7,13 +7,17 @@ CRLF line ends, escaped label values (`\\\\`, `\\"`, `\\n`), an optional timesta
 OpenMetrics exemplar after ` # `. A line of a wanted family that does not parse, a counter that
 is NaN, infinite or negative, and a series that appears twice are recorded as problems of the
 sample (the monitor drops such a sample for that scrape); a NaN gauge is a legitimate value and
-is simply not used.
+is simply not used. Time and memory stay bounded whatever the page: a line longer than MAX_LINE
+or a label value longer than MAX_LABEL_VALUE is an error (no regular expression ever runs over
+more than one bounded line, so a parse in a worker thread hands the GIL back often), and label
+sets beyond `max_series` are only counted.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dflash_sidecar.vllm_metrics import (
@@ -44,6 +48,9 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _VLLM_LINE = re.compile(r"(?m)^[ \t]*vllm:")
 
 SeriesKey = tuple[tuple[str, str], ...]  # sorted (label, value) pairs, `position` excluded
+MAX_LABEL_VALUE = 1024  # characters; vLLM's model names and engine indexes are far shorter
+MAX_LINE = 4096  # characters of one sample line: longer ones are errors, never matched
+MAX_ERRORS = 16  # error lines kept per page (the rest are only counted)
 
 
 @dataclass
@@ -66,7 +73,9 @@ class SeriesSample:
 class ParsedExposition:
     series: dict[SeriesKey, SeriesSample]
     is_vllm: bool  # any vllm: series at all; False means this is not a vLLM /metrics page
-    errors: list[str]  # lines of wanted families that do not parse
+    errors: list[str]  # lines of wanted families that do not parse (the first MAX_ERRORS)
+    error_count: int = 0
+    overflow: int = 0  # label sets beyond max_series, not read
 
 
 def _unescape(value: str) -> str:
@@ -89,7 +98,7 @@ def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int] | None:
         if match is None:
             return None
         name, value, comma = match.groups()
-        if name in labels:
+        if name in labels or len(value) > MAX_LABEL_VALUE:
             return None
         labels[name] = _unescape(value)
         pos = match.end()
@@ -113,10 +122,10 @@ def _parse_value(text: str) -> float | None:
         return None
 
 
-def _candidate_lines(text: str) -> list[str]:
+def _candidate_lines(text: str) -> Iterator[str]:
     """Lines of `text` whose metric name starts with one of the needles (after optional
-    leading blanks); never a needle inside a label value, a HELP text or a comment."""
-    lines = []
+    leading blanks); never a needle inside a label value, a HELP text or a comment. One line at
+    a time: a large page is never copied whole."""
     for needle in _NEEDLES:
         pos = text.find(needle)
         while pos != -1:
@@ -124,16 +133,27 @@ def _candidate_lines(text: str) -> list[str]:
             end = text.find("\n", pos)
             end = len(text) if end == -1 else end
             if pos == line_start or not text[line_start:pos].strip(" \t"):
-                lines.append(text[pos:end])
+                yield text[pos:end]
             pos = text.find(needle, end)
-    return lines
 
 
-def parse(text: str) -> ParsedExposition:
+def parse(text: str, max_series: int = 256) -> ParsedExposition:
     series: dict[SeriesKey, SeriesSample] = {}
     errors: list[str] = []
+    error_count = 0
+    overflow: set[int] = set()  # hashes of the label sets beyond max_series
     seen: set[tuple[str, SeriesKey, str | None]] = set()
+
+    def error(message: str) -> None:
+        nonlocal error_count
+        error_count += 1
+        if len(errors) < MAX_ERRORS:
+            errors.append(message)
+
     for line in _candidate_lines(text):
+        if len(line) > MAX_LINE:
+            error(f"line longer than {MAX_LINE} characters: {line[:120]!r}...")
+            continue
         line = line.rstrip(" \t\r")
         match = _NAME_END.search(line)
         name = line[: match.start()] if match else line
@@ -145,17 +165,20 @@ def parse(text: str) -> ParsedExposition:
         if rest_at < len(line) and line[rest_at] == "{":
             parsed_labels = _parse_labels(line, rest_at + 1)
             if parsed_labels is None:
-                errors.append(f"unparsable labels: {line[:120]!r}")
+                error(f"unparsable labels: {line[:120]!r}")
                 continue
             labels, rest_at = parsed_labels
         value = _parse_value(line[rest_at:])
         if value is None:
-            errors.append(f"unparsable value: {line[:120]!r}")
+            error(f"unparsable value: {line[:120]!r}")
             continue
         position = labels.pop("position", None)
         key: SeriesKey = tuple(sorted(labels.items()))
         sample = series.get(key)
         if sample is None:
+            if len(series) >= max_series:
+                overflow.add(hash(key))
+                continue
             sample = series[key] = SeriesSample()
         identity = (family, key, position)
         if identity in seen:
@@ -188,4 +211,10 @@ def parse(text: str) -> ParsedExposition:
             sample.generation_tokens = value
         sample.present.add(family)
     is_vllm = _VLLM_LINE.search(text) is not None
-    return ParsedExposition(series=series, is_vllm=is_vllm, errors=errors)
+    return ParsedExposition(
+        series=series,
+        is_vllm=is_vllm,
+        errors=errors,
+        error_count=error_count,
+        overflow=len(overflow),
+    )

@@ -69,7 +69,7 @@ class SidecarSettings(BaseModel):
         default="5m", description="the window the verdict and its events follow (one of windows)"
     )
     canary_interval: float = Field(
-        default=60.0,
+        default=15.0,
         gt=0,
         description=(
             "an idle engine is asked for one token at most this often to prove it can generate; "
@@ -116,7 +116,39 @@ class SidecarSettings(BaseModel):
         description="/livez/engine fails once /health answers without generation this long",
         json_schema_extra=SECONDS,
     )
-    max_series: int = Field(default=32, ge=1, description="engine/model label sets tracked")
+    max_series: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="engine/model label sets tracked; a new one replaces one unseen for the "
+        "longest window",
+    )
+    max_page_series: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="label sets read from one /metrics page; more are counted as dropped",
+    )
+    max_page_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=64 * 1024,
+        le=256 * 1024 * 1024,
+        description="a larger /metrics page is not read (counted as page_too_large)",
+    )
+    speculative_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="the engine's k (num_speculative_tokens): figures implying more draft "
+        "tokens per draft are withheld",
+    )
+    events_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="deadline of one Kubernetes Event write (never holds the probes)",
+        json_schema_extra=SECONDS,
+    )
     thresholds: VerdictThresholds = Field(default_factory=VerdictThresholds)
     kubernetes_events: bool = Field(
         default=False,

@@ -61,16 +61,17 @@ def judge(
     """The verdict and a one-line reason."""
     if drafts < thresholds.min_drafts or mean_acceptance_length is None:
         return Verdict.NO_DATA, f"{drafts:.0f} drafts in the window (< {thresholds.min_drafts})"
-    position0 = per_position[0] if per_position else 0.0
-    summary = f"mean acceptance length {mean_acceptance_length:.2f}, position 0 {position0:.2f}"
-    if (
-        mean_acceptance_length < thresholds.collapsed_mean_acceptance_length
-        or position0 < thresholds.collapsed_position0
+    # Without per-position lines (a partial page) the verdict rests on the mean alone.
+    position0 = per_position[0] if per_position else None
+    summary = f"mean acceptance length {mean_acceptance_length:.2f}, " + (
+        f"position 0 {position0:.2f}" if position0 is not None else "no per-position figures"
+    )
+    if mean_acceptance_length < thresholds.collapsed_mean_acceptance_length or (
+        position0 is not None and position0 < thresholds.collapsed_position0
     ):
         return Verdict.COLLAPSED, f"{summary}: the draft is almost never accepted"
-    if (
-        mean_acceptance_length < thresholds.degraded_mean_acceptance_length
-        or position0 < thresholds.degraded_position0
+    if mean_acceptance_length < thresholds.degraded_mean_acceptance_length or (
+        position0 is not None and position0 < thresholds.degraded_position0
     ):
         return Verdict.DEGRADED, f"{summary}: below the degraded thresholds"
     return Verdict.HEALTHY, summary

@@ -177,7 +177,10 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
     container = rendered_head["group"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["/bin/bash", "/etc/dflash-serve/ray/ray-head.sh"]
     rendered_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env = os.environ | {
+    # A test earlier in the session may have pinned VLLM_TARGET_DEVICE=cpu in this process (the
+    # planner's in-process engine does); vLLM then ignores platform plugins, so it is dropped.
+    inherited = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    env = inherited | {
         "KUBERAY_GEN_RAY_START_CMD": start,
         "DFLASH_RAY_EXPECTED_NODES": rendered_env["DFLASH_RAY_EXPECTED_NODES"],
         "DFLASH_RAY_EXPECTED_GPUS": "2",  # one per node here, 2 x 2 in the render

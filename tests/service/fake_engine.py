@@ -93,6 +93,7 @@ class FakeEngine:
         self.metrics = metrics
         self.health_status = 200
         self.completion_status = 200
+        self.completion_delay_s = 0.0  # a busy engine answers the canary late
         self.reachable = True
         self.health_trickle_s: float | None = None  # answer /health one byte at a time
         self.completions = 0
@@ -114,6 +115,8 @@ class FakeEngine:
             return httpx.Response(200, json={"data": [{"id": "tiny"}]})
         if request.url.path == "/v1/completions":
             self.completions += 1
+            if self.completion_delay_s:
+                await asyncio.sleep(self.completion_delay_s)
             if self.completion_status != 200:
                 return httpx.Response(self.completion_status, text="EngineCore died")
             return httpx.Response(200, json={"choices": [{"text": "!"}]})

@@ -30,6 +30,7 @@ class FakeEngineServer:
         self.load = "idle"
         self.health_status = 200
         self.completion_status = 200
+        self.extra_page = b""  # appended to every /metrics page (big or hostile pages)
         self.lock = threading.Lock()
         server = self
 
@@ -50,7 +51,7 @@ class FakeEngineServer:
                 elif self.path == "/metrics":
                     with server.lock:
                         page = vllm_page(server.counters)
-                    self._send(200, page.encode())
+                    self._send(200, page.encode() + server.extra_page)
                 elif self.path == "/v1/models":
                     self._send(200, json.dumps({"data": [{"id": "tiny"}]}).encode())
                 else:

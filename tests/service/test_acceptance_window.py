@@ -108,11 +108,47 @@ def test_an_inconsistency_that_persists_is_a_restart() -> None:
     assert window.resets == 1 and len(window) == 1
 
 
-def test_fewer_positions_than_before_is_inconsistent_more_are_fine() -> None:
+def snap_k(at: float, drafts: float, per_pos: tuple[float, ...], k: int = 2) -> Snapshot:
+    """A snapshot of an engine with k draft tokens per draft; `per_pos` may be shorter than k
+    (lines missing from the page) or empty."""
+    return Snapshot(
+        at=at,
+        drafts=drafts,
+        draft_tokens=drafts * k,
+        accepted=sum(per_pos) if len(per_pos) == k else drafts * 0.9,
+        accepted_per_pos=per_pos,
+        generation_tokens=drafts * 3,
+    )
+
+
+def test_per_position_lines_that_vanish_and_return_shorten_their_span_not_the_window() -> None:
+    window = AcceptanceWindow(capacity=20)
+    assert window.add(snap_k(0, 0, (0, 0))) is False
+    assert window.add(snap_k(2, 10, (6, 3))) is False
+    # A partial page: the per-position lines are missing (an 8 s glitch, say).
+    assert window.add(snap_k(4, 20, ())) is False
+    during = window.delta(60, now=4, stale_after=STALE)
+    assert during is not None and during.drafts == 20 and during.per_position() == []
+    assert during.impossible() is None  # judged on what is there: the mean
+    # They come back: the per-position figures span the whole window again.
+    assert window.add(snap_k(6, 30, (18, 9))) is False
+    after = window.delta(60, now=6, stale_after=STALE)
+    assert after is not None and after.per_position() == [18 / 30, 9 / 30]
+    assert window.resets == 0
+    # Only position 0 on the next page: a shorter curve, from the last page that had one line.
+    assert window.add(snap_k(8, 40, (24,))) is False
+    short = window.delta(60, now=8, stale_after=STALE)
+    assert short is not None and short.per_position() == []  # no earlier one-line page yet
+    assert window.add(snap_k(10, 50, (30,))) is False
+    short = window.delta(60, now=10, stale_after=STALE)
+    assert short is not None and short.pos_drafts == 10 and short.per_position() == [0.6]
+
+
+def test_a_counter_going_back_is_still_inconsistent() -> None:
     window = AcceptanceWindow(capacity=10)
-    window.add(snap(0, 10, 5, (3, 2), 50))
-    assert window.add(snap(2, 20, 10, (6, 3, 1), 100)) is False
-    assert window.add(snap(4, 30, 15, (9, 6), 150)) is SampleProblem.INCONSISTENT
+    window.add(snap_k(0, 10, (6, 3)))
+    assert window.add(snap_k(2, 20, (12, 6))) is False
+    assert window.add(snap_k(4, 20, (11, 6))) is SampleProblem.INCONSISTENT
 
 
 def first_line(page: str, prefix: str) -> str:
@@ -123,7 +159,6 @@ def first_line(page: str, prefix: str) -> str:
     ("page_edit", "problem"),
     [
         (lambda p: p.replace("spec_decode_num_drafts_total{", "x_total{", 1), "incomplete"),
-        (lambda p: "\n".join(x for x in p.splitlines() if 'position="2"' not in x), "incomplete"),
         (lambda p: p + first_line(p, "vllm:spec_decode_num_drafts_total"), "untrusted"),
         (lambda p: p.replace("} 2000.0\n", "} +Inf\n", 1), "untrusted"),
         (lambda p: p.replace("} 500.0\n", "} NaN\n", 1), "untrusted"),
@@ -132,7 +167,7 @@ def first_line(page: str, prefix: str) -> str:
             "incomplete",
         ),
     ],
-    ids=["no-drafts", "cut-positions", "duplicate", "inf", "nan", "no-generation"],
+    ids=["no-drafts", "duplicate", "inf", "nan", "no-generation"],
 )
 def test_samples_that_cannot_be_trusted_are_refused(page_edit, problem: str) -> None:  # type: ignore[no-untyped-def]
     c = Counters()
@@ -167,3 +202,44 @@ def test_memory_is_bounded() -> None:
 def test_capacity_must_hold_two_snapshots() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         AcceptanceWindow(capacity=1)
+
+
+def test_a_page_missing_some_positions_gives_the_curve_up_to_the_gap(before_text: str) -> None:
+    page = "\n".join(x for x in before_text.splitlines() if 'position="2"' not in x)
+    made = snapshot_of(page, 0.0)
+    full = snapshot_of(before_text, 0.0)
+    assert made.accepted_per_pos == full.accepted_per_pos[:2]
+
+
+@pytest.mark.parametrize(
+    ("delta", "k", "reason"),
+    [
+        # Mean acceptance length 51 at k=4: 50 draft tokens per draft.
+        (dict(drafts=1.0, draft_tokens=50.0, accepted=50.0, per_pos=()), 4, "more than k=4"),
+        (
+            dict(drafts=100.0, draft_tokens=400.0, accepted=90.0, per_pos=(20.0, 40.0, 20.0, 10.0)),
+            None,
+            "rises from position 0 to 1",
+        ),
+        (
+            dict(
+                drafts=100.0,
+                draft_tokens=400.0,
+                accepted=90.0,
+                per_pos=(40.0, 30.0, 10.0, 5.0, 5.0),
+            ),
+            4,
+            "5 positions, more than k=4",
+        ),
+    ],
+)
+def test_impossible_curves_are_withheld(delta: dict, k: int | None, reason: str) -> None:  # type: ignore[type-arg]
+    found = impossible_figures(
+        delta["drafts"], delta["draft_tokens"], delta["accepted"], list(delta["per_pos"]), k=k
+    )
+    assert found is not None and reason in found
+
+
+def test_a_real_curve_within_the_skew_passes() -> None:
+    # Position 1 one count above position 0: one step between two counter updates.
+    assert impossible_figures(1000.0, 4000.0, 1500.0, [600.0, 601.0, 200.0, 99.0], k=4) is None

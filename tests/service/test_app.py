@@ -84,3 +84,12 @@ def test_engine_liveness_answers_503_only_after_the_grace(before_text: str) -> N
         assert client.get("/livez/engine").status_code == 200
         wait_for(lambda: client.get("/livez/engine").status_code == 503)
         assert "has not generated" in client.get("/livez/engine").json()["reason"]
+
+
+def test_no_api_docs_on_the_metrics_port(before_text: str) -> None:
+    engine = FakeEngine(before_text)
+    settings = fast_settings()
+    monitor = EngineMonitor(settings, client=engine.client())
+    with TestClient(create_app(settings, monitor)) as client:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert client.get(path).status_code == 404, path

@@ -24,7 +24,14 @@ def monitor_for(engine: FakeEngine, **settings: object) -> EngineMonitor:
 
 
 def cycle(monitor: EngineMonitor, now: float) -> None:
-    asyncio.run(monitor.run_once(now))
+    """One probe cycle at `now`, then whatever it started beside the loop (the canary, the
+    verdict listeners) run to the end."""
+
+    async def once() -> None:
+        await monitor.run_once(now)
+        await monitor.settle()
+
+    asyncio.run(once())
 
 
 def test_acceptance_length_equals_the_raw_counters(before_text: str, after_text: str) -> None:
@@ -128,9 +135,50 @@ def test_garbage_metrics_page_is_an_error_not_a_crash(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING, logger="dflash_sidecar"):
         cycle(monitor, 0.0)
     assert monitor.scrapes.errors["not_vllm_metrics"] == 1
-    readiness = monitor.readiness(0.0)
-    assert not readiness.ready and "metrics unavailable" in readiness.reason
     assert "/metrics is not vLLM's: '<html>oops</html>'" in caplog.text
+    # Readiness follows the engine, not the sidecar's scrape: the canary proves generation.
+    readiness = monitor.readiness(0.0)
+    assert readiness.ready and not readiness.checks["metrics"]
+
+
+def test_unreadable_metrics_and_a_canary_that_never_answers_end_readiness(
+    before_text: str,
+) -> None:
+    """No proof of generation for stall_timeout: the metrics cannot show progress and the
+    canary times out (a timeout alone is not a failure: a busy engine answers late)."""
+    engine = FakeEngine("<html>oops</html>")
+    monitor = monitor_for(engine, stall_timeout=30.0, canary_timeout=0.2, canary_interval=10.0)
+    cycle(monitor, 0.0)
+    assert monitor.readiness(0.0).ready
+    engine.completion_delay_s = 5.0
+    for t in range(2, 40, 2):
+        cycle(monitor, float(t))
+        if t <= 30:
+            assert monitor.readiness(float(t)).ready, t
+    readiness = monitor.readiness(38.0)
+    assert not readiness.ready
+    assert "no proof of generation" in readiness.reason and "no vllm: series" in readiness.reason
+
+
+def test_a_page_cut_inside_the_per_position_lines_is_used_as_far_as_it_goes() -> None:
+    engine, counters = scripted()
+    monitor = monitor_for(engine)
+    for t in range(0, 20, 2):
+        serve(engine, counters)
+        cycle(monitor, float(t))
+    serve(engine, counters)
+    engine.metrics = engine.metrics[: engine.metrics.index('position="2"')]
+    cycle(monitor, 20.0)
+    assert sum(monitor.scrapes.dropped_samples.values()) == 0
+    during = monitor.stats(20.0).windows["1m"]
+    assert during.mean_acceptance_length == pytest.approx(1 + 100 / 50)
+    assert during.verdict is Verdict.HEALTHY  # not "collapsed" for want of position 0
+    for t in range(22, 30, 2):
+        serve(engine, counters)
+        cycle(monitor, float(t))
+        assert_possible(monitor, float(t))
+    after = monitor.stats(28.0).windows["1m"]
+    assert after.per_position_acceptance == pytest.approx([0.8, 0.6, 0.4, 0.2])
 
 
 # -- faults a hostile or broken engine can produce (issue: numbers a user can trust) ----------
@@ -188,9 +236,8 @@ def assert_possible(monitor: EngineMonitor, now: float, k: int = 4) -> None:
             )
             + "\n"
         ),
-        lambda page: page[: page.index('position="2"')],
     ],
-    ids=["missing-counter", "inf", "nan", "goes-back", "duplicate", "truncated"],
+    ids=["missing-counter", "inf", "nan", "goes-back", "duplicate"],
 )
 def test_one_bad_scrape_is_dropped_and_the_next_figures_are_true(corrupt) -> None:  # type: ignore[no-untyped-def]
     engine, counters = scripted()
@@ -318,7 +365,7 @@ def test_verdict_changes_reach_listeners_and_events_survive_a_dead_api(
     before_text: str, after_text: str
 ) -> None:
     class DeadApi:
-        def create_namespaced_event(self, namespace: str, body: object) -> None:
+        def create_namespaced_event(self, namespace: str, body: object, **_: object) -> None:
             raise ConnectionError("no route to the API server")
 
     events = VerdictEvents("pod-0", "serving", api=DeadApi())
@@ -331,3 +378,115 @@ def test_verdict_changes_reach_listeners_and_events_survive_a_dead_api(
     cycle(monitor, 30.0)
     assert len(seen) == 1 and seen[0][0] == Verdict.NO_DATA
     assert events.failures == 1
+
+
+def test_a_slow_api_server_never_holds_the_probe_loop(before_text: str, after_text: str) -> None:
+    class SlowApi:
+        def __init__(self) -> None:
+            self.timeouts: list[object] = []
+
+        def create_namespaced_event(self, namespace: str, body: object, **kw: object) -> None:
+            self.timeouts.append(kw.get("_request_timeout"))
+            time.sleep(3.0)  # an API server that answers in seconds
+
+    api = SlowApi()
+    events = VerdictEvents("pod-0", "serving", api=api, timeout=0.3)
+    engine = FakeEngine(before_text)
+    monitor = monitor_for(engine, thresholds=VerdictThresholds(min_drafts=1), verdict_window="1m")
+    monitor.verdict_listeners.append(events)
+
+    async def scenario() -> tuple[float, float]:
+        await monitor.run_once(0.0)
+        engine.metrics = after_text
+        started = time.perf_counter()
+        await monitor.run_once(30.0)  # the verdict changes: an Event is due
+        cycle_s = time.perf_counter() - started
+        started = time.perf_counter()
+        await monitor.settle()
+        return cycle_s, time.perf_counter() - started
+
+    cycle_s, event_s = asyncio.run(scenario())
+    assert cycle_s < 0.5  # the probes went on
+    assert event_s < 1.0 and events.failures == 1  # given up at the deadline, counted
+    assert api.timeouts == [0.3]  # and the client's own request carries the deadline
+
+
+def test_a_slow_canary_runs_beside_the_loop(before_text: str) -> None:
+    engine = FakeEngine(before_text)
+    engine.completion_delay_s = 1.5
+    monitor = monitor_for(engine, canary_timeout=5.0)
+
+    async def scenario() -> tuple[float, bool, bool]:
+        started = time.perf_counter()
+        await monitor.run_once(0.0)
+        took = time.perf_counter() - started
+        fresh = monitor.readiness(0.0).checks["probe_fresh"]
+        await monitor.settle()
+        return took, fresh, monitor.readiness(0.0).ready
+
+    took, fresh, ready = asyncio.run(scenario())
+    assert took < 0.5 and fresh and ready
+
+
+def test_a_dead_engine_core_on_an_idle_engine_is_seen_within_the_canary_interval(
+    before_text: str,
+) -> None:
+    engine = FakeEngine(before_text)
+    monitor = monitor_for(engine, canary_interval=15.0)
+    cycle(monitor, 0.0)
+    assert monitor.readiness(0.0).ready
+    engine.completion_status = 500  # the core dies while nobody sends traffic
+    t = 0.0
+    while monitor.readiness(t).ready:
+        t += 2.0
+        cycle(monitor, t)
+    assert t <= 16.0
+    assert monitor.readiness(t).reason.startswith("engine answers /health but cannot generate")
+
+
+def test_a_new_series_replaces_one_unseen_for_the_longest_window() -> None:
+    engine, counters = scripted()
+    windows = {"1m": 60.0, "5m": 300.0}  # the longest is 300 s
+    monitor = monitor_for(engine, max_series=2, windows=windows, verdict_window="5m")
+    burst = "".join(vllm_page(counters, model=f"burst-{i}") for i in range(50))
+    engine.metrics = burst
+    cycle(monitor, 0.0)
+    assert len(monitor.windows) == 2 and monitor.dropped_series == 48
+    engine.metrics = vllm_page(counters, model="relabelled")
+    cycle(monitor, 100.0)
+    assert ("model_name", "relabelled") not in {p for key in monitor.windows for p in key}
+    cycle(monitor, 301.0)  # the burst's series unseen for longer than 300 s
+    assert ("model_name", "relabelled") in {p for key in monitor.windows for p in key}
+    assert monitor.evicted_series == 1
+
+
+def test_figures_implying_more_than_k_draft_tokens_per_draft_are_withheld() -> None:
+    engine, counters = scripted()
+    monitor = monitor_for(engine, speculative_tokens=4)
+    without_positions = "\n".join(
+        line for line in vllm_page(counters).splitlines() if "per_pos" not in line
+    )
+    engine.metrics = without_positions
+    cycle(monitor, 0.0)
+    counters.drafts += 1
+    counters.draft_tokens += 50  # mean acceptance length 51 at k=4
+    counters.accepted += 50
+    counters.generation += 51
+    engine.metrics = "\n".join(
+        line for line in vllm_page(counters).splitlines() if "per_pos" not in line
+    )
+    cycle(monitor, 2.0)
+    stats = monitor.stats(2.0).windows["1m"]
+    assert stats.mean_acceptance_length is None
+    assert "more than k=4" in stats.verdict_reason
+
+
+def test_logged_values_are_cut(caplog: pytest.LogCaptureFixture) -> None:
+    from dflash_sidecar.log_limiter import LogLimiter
+
+    limiter = LogLimiter(logging.getLogger("dflash_sidecar.test"))
+    with caplog.at_level(logging.WARNING, logger="dflash_sidecar.test"):
+        limiter.log(logging.WARNING, "k", "label %s, count %d", "x" * 5_000_000, 3)
+    (record,) = caplog.records
+    assert len(record.getMessage()) < 500 and "5000000 characters" in record.getMessage()
+    assert "count 3" in record.getMessage()

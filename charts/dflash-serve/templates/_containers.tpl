@@ -213,6 +213,10 @@ Call with (dict "root" $ "role" ROLE). */}}
       value: {{ .Values.probes.liveness.notGeneratingSeconds | quote }}
     - name: DFLASH_SIDECAR_STARTUP_BUDGET
       value: {{ include "dflash-serve.startupBudgetSeconds" . | quote }}
+    {{- if ne .Values.speculative.method "off" }}
+    - name: DFLASH_SIDECAR_SPECULATIVE_TOKENS
+      value: {{ include "dflash-serve.k" . | quote }}
+    {{- end }}
     - name: DFLASH_SIDECAR_MIN_DRAFTS
       value: {{ .Values.sidecar.thresholds.minDrafts | quote }}
     - name: DFLASH_SIDECAR_COLLAPSED_MEAN_ACCEPTANCE_LENGTH

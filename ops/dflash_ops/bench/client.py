@@ -14,11 +14,11 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 from dflash_sidecar import metrics_parser
 
+from dflash_ops.cli.arguments import check_http_url
 from dflash_ops.errors import UserError
 
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
@@ -28,20 +28,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 def check_base_url(url: str) -> str:
     """`url` without a trailing slash, or a UserError naming what is wrong with it."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise UserError(
-            f"--base-url {url!r}: expected http:// or https://, e.g. http://127.0.0.1:8000"
-        )
-    try:
-        port = parts.port
-    except ValueError:
-        raise UserError(f"--base-url {url!r}: the port is not a number in 1-65535") from None
-    if not parts.hostname or port == 0:
-        raise UserError(
-            f"--base-url {url!r}: expected a host (and port), e.g. http://127.0.0.1:8000"
-        )
-    return url.rstrip("/")
+    return check_http_url(url)
 
 
 @dataclass

@@ -28,6 +28,7 @@ _NUMBER_AT_END = re.compile(
 
 class SidecarCost(BaseModel):
     exposition_lines: int
+    largest_page_bytes: int
     cycles: int
     p50_ms: float
     p99_ms: float
@@ -135,7 +136,33 @@ def simulate_day(hours: float, interval_s: float) -> dict[str, float]:
                 flush=True,
             )
     print(file=sys.stderr)
+    # Then the largest page the sidecar reads (max_page_bytes), full of label sets it must
+    # count and drop: what a hostile or misconfigured exporter costs.
+    hostile = largest_page(settings.max_page_bytes)
+    for i in range(1, 21):
+        monitor.ingest(hostile, now=(total + i) * interval_s)
+    gc.collect()
+    rss["largest page"] = round(rss_mb(), 1)
     return rss
+
+
+def largest_page(limit: int) -> str:
+    """A page just under `limit` bytes: the real exposition, then thousands of label sets of
+    the families the sidecar reads."""
+    parts = [large_exposition()]
+    size, i = len(parts[0]), 0
+    while True:
+        labels = f'engine="{i}",model_name="flood-{i}"'
+        block = (
+            f"vllm:spec_decode_num_drafts_total{{{labels}}} {i}.0\n"
+            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {i}.0\n"
+            f"vllm:generation_tokens_total{{{labels}}} {i}.0\n"
+        )
+        if size + len(block) > limit:
+            return "".join(parts)
+        parts.append(block)
+        size += len(block)
+        i += 1
 
 
 def measure(cycles: int = 2000, hours: float = 24.0, interval_s: float = 2.0) -> SidecarCost:
@@ -151,6 +178,7 @@ def measure(cycles: int = 2000, hours: float = 24.0, interval_s: float = 2.0) ->
     ordered = sorted(timings)
     return SidecarCost(
         exposition_lines=lines,
+        largest_page_bytes=SidecarSettings().max_page_bytes,
         cycles=cycles,
         p50_ms=round(statistics.median(ordered), 3),
         p99_ms=round(ordered[int(len(ordered) * 0.99) - 1], 3),

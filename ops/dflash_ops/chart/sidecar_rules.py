@@ -25,6 +25,7 @@ FROM_ELSEWHERE: dict[str, str | None] = {
     "engine_down_grace": "probes.liveness.engineDownSeconds",
     "not_generating_grace": "probes.liveness.notGeneratingSeconds",
     "startup_budget": None,  # probes.startup periodSeconds x failureThreshold
+    "speculative_tokens": None,  # speculative.numSpeculativeTokens (the chart's k)
     "kubernetes_events": "sidecar.kubernetesEvents",
     "pod_name": None,
     "pod_namespace": None,

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from dflash_ops.errors import UserError
+from dflash_ops.files import read_yaml
 from dflash_ops.paths import CHART_DIR, PROFILES_DIR
 
 
@@ -26,7 +26,7 @@ def chart_values(files: list[Path]) -> dict[str, Any]:
     """The chart's values.yaml with these values files merged over it, as helm merges them."""
     values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     for path in files:
-        values = deep_merge(values, yaml.safe_load(path.read_text()) or {})
+        values = deep_merge(values, read_yaml(path, "values file", dict, empty={}))
     return values
 
 
@@ -52,9 +52,10 @@ def add_values_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def values_files(args: argparse.Namespace) -> list[Path]:
+    """The profile and -f files, each checked to be a YAML mapping (helm's own message for a
+    bad file is a Go error far from the file's name)."""
     files: list[Path] = [PROFILES_DIR / f"{args.profile}.yaml"] if args.profile else []
     files += args.values
     for path in files:
-        if not path.is_file():
-            raise UserError(f"values file {path} not found")
+        read_yaml(path, "values file", dict, empty={})
     return files

@@ -6,37 +6,17 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.cli.arguments import http_url, number, number_list
 from dflash_ops.errors import UserError
 
-
-def _positive_list(kind: Callable[[str], float]) -> Callable[[str], list[Any]]:
-    def parse(text: str) -> list[Any]:
-        try:
-            values = [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected numbers like 1,4") from None
-        if not values or any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"{text!r}: every value must be above 0")
-        return values
-
-    return parse
-
-
-def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
-        return value
-
-    return parse
+# Bounds of the load a run may ask for: far above any real use, small enough to end.
+MAX_CONCURRENCY = 4096
+MAX_REQUESTS = 1_000_000
+MAX_TOKENS = 1_000_000
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 def register(subparsers: Any) -> None:
@@ -53,7 +33,9 @@ def register(subparsers: Any) -> None:
             "sidecar (the sidecar's scrape cost), client (this client's own ceiling)."
         ),
     )
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="engine base URL")
+    parser.add_argument(
+        "--base-url", type=http_url, default="http://127.0.0.1:8000", help="engine base URL"
+    )
     parser.add_argument("--model", help="served model name (default: the first in /v1/models)")
     parser.add_argument(
         "--api-key",
@@ -63,19 +45,29 @@ def register(subparsers: Any) -> None:
     )
     load = parser.add_mutually_exclusive_group()
     load.add_argument(
-        "--concurrency", type=_positive_list(int), help="in-flight requests per level (1,4)"
+        "--concurrency",
+        type=number_list(int, 0, MAX_CONCURRENCY),
+        help="in-flight requests per level (1,4)",
     )
     load.add_argument(
         "--request-rate",
-        type=_positive_list(float),
+        type=number_list(float, 0, 100_000.0),
         help="Poisson arrivals per second per level, e.g. 2,8 (open loop)",
     )
     parser.add_argument(
-        "--max-concurrency", type=_positive(int), help="with --request-rate: cap in flight"
+        "--max-concurrency",
+        type=number(int, 1, MAX_CONCURRENCY),
+        help="with --request-rate: cap in flight",
     )
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--num-requests", type=_positive(int), help="requests per run (32)")
-    length.add_argument("--duration", type=_positive(float), help="seconds of arrivals per run")
+    length.add_argument(
+        "--num-requests", type=number(int, 1, MAX_REQUESTS), help="requests per run (32)"
+    )
+    length.add_argument(
+        "--duration",
+        type=number(float, 0, MAX_SECONDS, low_open=True),
+        help="seconds of arrivals per run",
+    )
     parser.add_argument(
         "--prompts",
         choices=["fixed", "random", "shared-prefix"],
@@ -83,21 +75,29 @@ def register(subparsers: Any) -> None:
         help="fixed: the 10 prompts of the seed's measurement; random: random lengths around "
         "--input-len words; shared-prefix: one --input-len system prompt for every request",
     )
-    parser.add_argument("--input-len", type=_positive(int), default=256)
-    parser.add_argument("--max-tokens", type=_positive(int), default=128)
-    parser.add_argument("--repeats", type=_positive(int), default=3, help="runs per level (3)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up requests (2)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--input-len", type=number(int, 1, MAX_TOKENS), default=256)
+    parser.add_argument("--max-tokens", type=number(int, 1, MAX_TOKENS), default=128)
+    parser.add_argument(
+        "--repeats", type=number(int, 1, 1000), default=3, help="runs per level (3)"
+    )
+    parser.add_argument(
+        "--warmup", type=number(int, 0, 10_000), default=2, help="warm-up requests (2)"
+    )
+    parser.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument(
         "--check-lossless",
         metavar="REFERENCE_URL",
+        type=http_url,
         help="also require greedy outputs token-identical to this endpoint, which serves the "
         "same model without speculation, at each --lossless-concurrency",
     )
     parser.add_argument("--reference-model", help="model name at the reference endpoint")
     parser.add_argument(
-        "--lossless-concurrency", type=_positive_list(int), default=[1, 4], help="(1,4)"
+        "--lossless-concurrency",
+        type=number_list(int, 0, MAX_CONCURRENCY),
+        default=[1, 4],
+        help="(1,4)",
     )
     parser.add_argument("--format", choices=["text", "json"], default="text")
     parser.set_defaults(handler=run)
@@ -110,18 +110,18 @@ def register(subparsers: Any) -> None:
         "sidecar",
         help="cost of one sidecar scrape cycle on a ~3,000-line exposition, and memory over a day",
     )
-    sidecar.add_argument("--cycles", type=_positive(int), default=2000)
-    sidecar.add_argument("--hours", type=_positive(float), default=24.0)
-    sidecar.add_argument("--scrape-interval", type=_positive(float), default=2.0)
+    sidecar.add_argument("--cycles", type=number(int, 1, 1_000_000), default=2000)
+    sidecar.add_argument("--hours", type=number(float, 0, 24 * 31, low_open=True), default=24.0)
+    sidecar.add_argument("--scrape-interval", type=number(float, 0.01, 60.0), default=2.0)
     sidecar.set_defaults(handler=run_sidecar_cost)
     client = actions.add_parser(
         "client",
         help="this client's throughput ceiling against an instant server, beside vllm bench serve",
     )
-    client.add_argument("--concurrency", type=_positive(int), default=16)
-    client.add_argument("--num-requests", type=_positive(int), default=200)
-    client.add_argument("--max-tokens", type=_positive(int), default=128)
-    client.add_argument("--repeats", type=_positive(int), default=3)
+    client.add_argument("--concurrency", type=number(int, 1, MAX_CONCURRENCY), default=16)
+    client.add_argument("--num-requests", type=number(int, 1, MAX_REQUESTS), default=200)
+    client.add_argument("--max-tokens", type=number(int, 1, MAX_TOKENS), default=128)
+    client.add_argument("--repeats", type=number(int, 1, 1000), default=3)
     client.add_argument(
         "--no-vllm", action="store_true", help="do not run vllm bench serve beside it"
     )
@@ -160,8 +160,6 @@ def run(args: argparse.Namespace) -> int:
         check_base_url(args.check_lossless)
     if args.max_concurrency and not args.request_rate:
         raise UserError("--max-concurrency caps --request-rate levels; use --concurrency alone")
-    if args.warmup < 0:
-        raise UserError(f"--warmup {args.warmup}: must be 0 or more")
     _check_out(args.out)
     if args.request_rate:
         levels = [
@@ -212,18 +210,16 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from dflash_ops.bench import report
     from dflash_ops.bench.results import BenchResult
+    from dflash_ops.files import read_text
 
     loaded = []
     for given in (args.a, args.b):
         path = _results_path(given)
+        text = read_text(path, "results (a results.json or its directory)")
         try:
-            loaded.append(BenchResult.model_validate_json(path.read_text()))
-        except FileNotFoundError:
-            raise UserError(
-                f"{path}: no such file (give a results.json or its directory)"
-            ) from None
-        except (ValidationError, UnicodeDecodeError) as err:
-            detail = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+            loaded.append(BenchResult.model_validate_json(text))
+        except ValidationError as err:
+            detail = err.errors()[0]["msg"]
             raise UserError(f"{path} is not a dflash-serve results.json: {detail}") from None
     names = [(_results_path(p).parent.name or str(p)) for p in (args.a, args.b)]
     print(report.compare(loaded[0], loaded[1], names[0], names[1]))
@@ -241,6 +237,7 @@ def run_sidecar_cost(args: argparse.Namespace) -> int:
         f"prometheus_client's parser {cost.reference_parse_p50_ms:.2f} ms (p50); RSS over "
         f"{cost.simulated_hours:g} h of {cost.scrape_interval:g} s scrapes: "
         + ", ".join(f"{k} {v:.1f} MB" for k, v in cost.rss_mb.items())
+        + f" (largest page: {cost.largest_page_bytes / 2**20:g} MiB, --max-page-bytes)"
     )
     return 0
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
 
 
@@ -46,7 +47,7 @@ def register(subparsers: Any) -> None:
     up.add_argument("--k", type=_k, default=4, help="num_speculative_tokens, 1 to 15 (default 4)")
     up.add_argument(
         "--draft-noise",
-        type=float,
+        type=number(float, 0, 10),
         default=0.05,
         help="draft = target + noise x each weight's std (0: identical; default 0.05)",
     )
@@ -60,7 +61,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="stay attached; stop everything on Ctrl-C or SIGTERM (for containers)",
     )
-    up.add_argument("--engine-timeout", type=float, default=600.0)
+    up.add_argument(
+        "--engine-timeout",
+        type=number(float, 0, 24 * 3600, low_open=True),
+        default=600.0,
+        help="seconds the engine may take to start (default 600)",
+    )
     up.add_argument(
         "--enforce-eager",
         action="store_true",

@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except series.PatchError as err:
         print(f"dflash-serve patches {args.action}: error: {err}", file=sys.stderr)
-        return 1
+        # A series directory that is not one is bad input (2, as every UserError); a series
+        # that does not apply is the check's answer (1).
+        return 2 if isinstance(err, series.ManifestError) else 1
     if args.format == "json":
         print(json.dumps(done, indent=2))
     else:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import GPUS
 from dflash_ops.plan.kv_capacity import DEFAULT_PROFILE_RESERVE_GIB
@@ -28,7 +29,9 @@ def register(subparsers: Any) -> None:
         help="checkpoint config.json or directory (default: the bundled Qwen3.8-Flash-Next)",
     )
     parser.add_argument("--gpu", default="a100", choices=sorted(GPUS), help="GPU product")
-    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
+    parser.add_argument(
+        "--tp", type=number(int, 1, 64), default=2, help="tensor-parallel size (default 2)"
+    )
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",
@@ -49,7 +52,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--draft-model", help="draft model for the printed vLLM arguments")
     parser.add_argument(
         "--prefix-match-unit",
-        type=int,
+        type=number(int, 0, 1 << 20),
         default=16,
         help="prefix-cache hit granularity in tokens (vLLM's --prefix-match-unit; default 16); "
         "0 for whole-block hits",
@@ -64,12 +67,16 @@ def register(subparsers: Any) -> None:
         "KV capacity", "inputs of the KV-cache plan (all memory per rank, in GiB)"
     )
     capacity.add_argument(
-        "--gpu-memory-gib", type=float, help="GPU memory (default: the GPU product's)"
+        "--gpu-memory-gib",
+        type=number(float, 0, 4096, low_open=True),
+        help="GPU memory (default: the GPU product's)",
     )
-    capacity.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    capacity.add_argument(
+        "--gpu-memory-utilization", type=number(float, 0, 1, low_open=True), default=0.90
+    )
     capacity.add_argument(
         "--weights-gib",
-        type=float,
+        type=number(float, 0, 4096),
         help="target weights per rank (default: estimated from the config, AWQ 4-bit experts; "
         "see --weights-from)",
     )
@@ -80,7 +87,7 @@ def register(subparsers: Any) -> None:
     )
     capacity.add_argument(
         "--draft-weights-gib",
-        type=float,
+        type=number(float, 0, 4096),
         help="draft weights per rank (default: estimated from the draft config or MTP module)",
     )
     capacity.add_argument(
@@ -91,17 +98,19 @@ def register(subparsers: Any) -> None:
     )
     capacity.add_argument(
         "--profile-reserve-gib",
-        type=float,
+        type=number(float, 0, 4096),
         default=DEFAULT_PROFILE_RESERVE_GIB,
         help="activation peak, CUDA graphs and allocator overhead vLLM's profile run takes "
         f"(default {DEFAULT_PROFILE_RESERVE_GIB:g})",
     )
     capacity.add_argument(
-        "--max-model-len", type=int, help="default: the config's max_position_embeddings"
+        "--max-model-len",
+        type=number(int, 1, 1 << 24),
+        help="default: the config's max_position_embeddings",
     )
     capacity.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=number(int, 1, 1 << 24),
         help="default: vLLM 0.33.0's server default for the GPU (A100 2048, H100/H200 8192)",
     )
     capacity.add_argument(

@@ -15,6 +15,7 @@ from typing import Any
 
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.chart.values import add_values_arguments, values_files
+from dflash_ops.cli.arguments import kubernetes_name
 from dflash_ops.errors import UserError
 from dflash_ops.preflight.checks import check_cluster, report
 from dflash_ops.preflight.kubernetes_cluster import KubernetesCluster
@@ -28,8 +29,13 @@ def register(subparsers: Any) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     add_values_arguments(parser)
-    parser.add_argument("--release", default="dflash", help="the release name helm install gets")
-    parser.add_argument("--namespace", "-n", default="default")
+    parser.add_argument(
+        "--release",
+        type=kubernetes_name,
+        default="dflash",
+        help="the release name helm install gets",
+    )
+    parser.add_argument("--namespace", "-n", type=kubernetes_name, default="default")
     parser.add_argument(
         "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
     )

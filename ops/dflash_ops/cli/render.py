@@ -9,6 +9,7 @@ from typing import Any
 from dflash_ops.chart.generated_files import render_examples
 from dflash_ops.chart.helm import EXAMPLE_NAMESPACE, EXAMPLE_RELEASE, helm_template
 from dflash_ops.chart.values import add_values_arguments, values_files
+from dflash_ops.cli.arguments import kubernetes_name
 
 
 def register(subparsers: Any) -> None:
@@ -21,8 +22,8 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_values_arguments(parser)
-    parser.add_argument("--release", default=EXAMPLE_RELEASE)
-    parser.add_argument("--namespace", default=EXAMPLE_NAMESPACE)
+    parser.add_argument("--release", type=kubernetes_name, default=EXAMPLE_RELEASE)
+    parser.add_argument("--namespace", type=kubernetes_name, default=EXAMPLE_NAMESPACE)
     parser.add_argument(
         "--write-examples",
         action="store_true",

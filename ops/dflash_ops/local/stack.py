@@ -11,6 +11,7 @@ import json
 import shutil
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_ops.errors import UserError
 from dflash_ops.local.supervisor import (
@@ -44,16 +45,18 @@ READY_PATHS = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/read
 
 
 class StackConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     state_dir: Path = Path(".local-stack")
     host: str = Field(default="127.0.0.1", description="listen address of every component")
-    engine_port: int = 8000
-    sidecar_port: int = 9100
-    prometheus_port: int = 9090
+    engine_port: int = Field(default=8000, ge=1, le=65535)
+    sidecar_port: int = Field(default=9100, ge=1, le=65535)
+    prometheus_port: int = Field(default=9090, ge=1, le=65535)
     method: LocalSpecMethod = "draft_model"
     num_speculative_tokens: int = Field(default=4, ge=1, le=15)
-    draft_noise: float = Field(default=0.05, ge=0.0)
+    draft_noise: float = Field(default=0.05, ge=0.0, le=10.0)
     prometheus: bool = True
-    engine_timeout_s: float = 600.0
+    engine_timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
     kv_cache_gib: int = 1
     enforce_eager: bool = Field(
         default=False, description="no torch.compile: starts sooner, decodes about half as fast"
@@ -211,7 +214,16 @@ def _ready(record: ProcessRecord) -> bool:
 def up(config: StackConfig) -> StackState:
     """Start the stack, or the parts of it that died; refuse a different running configuration.
     Ctrl-C stops whatever was started (a second Ctrl-C is ignored while it does)."""
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        probe = config.state_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(
+            f"--state-dir {config.state_dir}: cannot keep the stack's state there "
+            f"({err.strerror or err}); pass a writable directory"
+        ) from None
     state = load_state(config.state_dir)
     if state is not None and any(group_members(p) for p in state.processes):
         if state.config != config:
@@ -225,14 +237,31 @@ def up(config: StackConfig) -> StackState:
             say(f"already running: {running}")
             return state
         say(f"restarting what is not running: {', '.join(dead) or 'missing parts'}")
+    # SIGTERM and SIGHUP (a closed terminal, a container stop) mean the same as Ctrl-C: nothing
+    # half-started may keep loading as an orphan. Only the main thread may set handlers (a
+    # caller starting stacks from threads keeps its own).
+    main_thread = threading.current_thread() is threading.main_thread()
+    handled = (signal.SIGTERM, signal.SIGHUP) if main_thread else ()
+    previous = {sig: signal.getsignal(sig) for sig in handled}
+    for sig in previous:
+        signal.signal(sig, _interrupt)
     try:
         return _start(config, state)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, *handled):
+            if main_thread:
+                signal.signal(sig, signal.SIG_IGN)
         say("interrupted: stopping what was started...")
         down(config.state_dir, quiet=True)
         say("stopped")
         raise UserError("interrupted; nothing of the stack is left running") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _wanted(config: StackConfig) -> list[str]:

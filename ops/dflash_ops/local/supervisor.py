@@ -1,10 +1,16 @@
-"""A small process supervisor: each component in a session of its own with its log, trusted
-by pid only while /proc shows the command line it was started with, stopped as a whole process
-group (SIGTERM, then SIGKILL)."""
+"""A small process supervisor: each component in a session of its own with its log, stopped as
+a whole process group (SIGTERM, then SIGKILL).
+
+A recorded pid is trusted only while it is provably ours: the leader must show the recorded
+command line and start time, and a group member must carry the component's marker in its
+environment (`DFLASH_LOCAL_PROCESS`, inherited by vLLM's engine core and workers). A stale state
+file whose pid now leads a stranger's process group therefore never gets that group signalled.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -13,12 +19,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from dflash_ops.errors import UserError
+
+MARKER_VARIABLE = "DFLASH_LOCAL_PROCESS"
 
 
 class ProcessRecord(BaseModel):
@@ -27,6 +36,30 @@ class ProcessRecord(BaseModel):
     url: str
     log: str
     argv: list[str]
+    marker: str = ""  # DFLASH_LOCAL_PROCESS of the component's processes
+    start_time: int | None = None  # the leader's start, clock ticks after boot (/proc stat)
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after `pid (comm)` (comm may hold spaces and parentheses)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def _has_marker(pid: int | str, marker: str) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{MARKER_VARIABLE}={marker}".encode() in environ.split(b"\0")
 
 
 def say(message: str) -> None:
@@ -34,29 +67,35 @@ def say(message: str) -> None:
 
 
 def alive(record: ProcessRecord) -> bool:
-    """The component's own process (the group leader) runs the recorded command line."""
+    """The component's own process (the group leader) runs: the recorded command line and, when
+    recorded, the same start time (a pid reused for the same command is another process)."""
     try:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return [c.decode(errors="replace") for c in cmdline if c] == record.argv
+    if [c.decode(errors="replace") for c in cmdline if c] != record.argv:
+        return False
+    return record.start_time is None or start_time(record.pid) == record.start_time
 
 
 def group_members(record: ProcessRecord) -> list[int]:
     """Live processes of the component's process group (its session), the leader included:
-    vLLM's engine core and workers outlive an API server killed with SIGKILL."""
+    vLLM's engine core and workers outlive an API server killed with SIGKILL. Only processes
+    that are provably the component's count (its marker; for a record without one, a group
+    whose leader is still the recorded process)."""
+    if not record.marker and not alive(record):
+        return []
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+        fields = _stat_fields(entry.name)
+        # state ppid pgrp ...
+        if fields is None or len(fields) < 3 or fields[2] != str(record.pid) or fields[0] == "Z":
             continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(record.pid) and fields[0] != "Z":
-            members.append(int(entry.name))
+        if record.marker and not _has_marker(entry.name, record.marker):
+            continue
+        members.append(int(entry.name))
     return members
 
 
@@ -78,6 +117,7 @@ def spawn(
 ) -> ProcessRecord:
     if cwd is not None:
         cwd.mkdir(parents=True, exist_ok=True)
+    marker = f"{name}-{uuid.uuid4().hex}"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             argv,
@@ -86,9 +126,17 @@ def spawn(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=cwd,
-            env=os.environ | (env or {}),
+            env=os.environ | (env or {}) | {MARKER_VARIABLE: marker},
         )
-    record = ProcessRecord(name=name, pid=process.pid, url=url, log=str(log_path), argv=argv)
+    record = ProcessRecord(
+        name=name,
+        pid=process.pid,
+        url=url,
+        log=str(log_path),
+        argv=argv,
+        marker=marker,
+        start_time=start_time(process.pid),
+    )
     # /proc shows the command line only once exec has finished; wait for it (or for an exit).
     deadline = time.monotonic() + 5
     while not alive(record) and process.poll() is None and time.monotonic() < deadline:
@@ -120,19 +168,31 @@ def wait_ready(record: ProcessRecord, ready: Callable[[], bool], timeout: float,
 
 
 def check_port_free(host: str, port: int, what: str, flag: str) -> None:
-    with socket.socket() as sock:
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise UserError(
+            f"--host {host!r} is not an address or a name this machine resolves: {err}"
+        ) from None
+    with socket.socket(family) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
-        except OSError:
+            sock.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise UserError(
+                    f"port {port} ({what}) is in use by another process: stop it or pass {flag}"
+                ) from None
             raise UserError(
-                f"port {port} ({what}) is in use by another process: stop it or pass {flag}"
+                f"cannot listen on {host}:{port} ({what}): {err.strerror}; --host must be an "
+                "address of this machine (127.0.0.1, or 0.0.0.0 for every interface)"
             ) from None
 
 
 def stop_process(record: ProcessRecord, grace_s: float = 30.0) -> bool:
     """SIGTERM the component's process group, SIGKILL what is left after `grace_s`; False if
-    nothing of it was running. The group is stopped whenever any member survives."""
+    nothing of it was running. The group is stopped whenever any member survives: while one of
+    its members lives, the kernel never hands its group id to another process group."""
     if not group_members(record):
         return False
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):

@@ -368,7 +368,8 @@ def serving() -> dict[str, Any]:
     b.panel(
         "Token throughput",
         "Prompt tokens prefilled and output tokens generated per second. When idle, the "
-        "sidecar's one-token canary (at most once a minute) shows as a trickle.",
+        "sidecar's one-token canary (at most every 15 s, sidecar.canaryInterval) shows as a "
+        "trickle.",
         TOKENS_PER_S,
         [
             (f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[{R}]))", "prompt"),

@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from dflash_ops.errors import UserError
 
@@ -16,6 +16,7 @@ SUPPORTED_MODEL_TYPES = ("qwen4_exp", "qwen4_exp_text")
 # `indexed_attention` (older: `qwen_sparse_attention`).
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "indexed_attention", "qwen_sparse_attention"})
 REFERENCE_CONFIG_NAME = "qwen3.8-flash-next.config.json"
+MAX_LAYERS = 4096
 
 
 class HybridCheckpoint(BaseModel):
@@ -54,6 +55,20 @@ class HybridCheckpoint(BaseModel):
     mtp_num_hidden_layers: int = 1
     uses_mrope: bool = False
 
+    @model_validator(mode="after")
+    def _sizes_within_reason(self) -> HybridCheckpoint:
+        """A real checkpoint's sizes are far below these; a config claiming more (1e9 layers)
+        would make the planner build per-layer tables for ever."""
+        for name, value in self:
+            if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 10**8:
+                raise ValueError(f"{name} {value} is outside 0..1e8")
+        for name in ("num_hidden_layers", "mtp_num_hidden_layers"):
+            if getattr(self, name) > MAX_LAYERS:
+                raise ValueError(f"{name} {getattr(self, name)} is above {MAX_LAYERS}")
+        if len(self.layer_types) > MAX_LAYERS or len(self.ple_layer_ids) > MAX_LAYERS:
+            raise ValueError(f"more than {MAX_LAYERS} layer entries")
+        return self
+
     @property
     def num_attention_layers(self) -> int:
         return sum(1 for t in self.layer_types if t in ATTENTION_LAYER_TYPES)
@@ -82,21 +97,17 @@ def reference_config_path() -> Path:
 def read_config(path: str | Path, what: str) -> tuple[Path, dict[str, Any]]:
     """A config.json (or the one in a checkpoint directory) as a JSON object; `what` names
     the input in errors."""
+    from dflash_ops.files import read_json
+
     candidate = Path(path)
     if candidate.is_dir():
         candidate = candidate / "config.json"
-    if not candidate.is_file():
+    if not candidate.exists():
         raise UserError(
             f"{what} {str(path)!r} not found: pass a config.json or a checkpoint directory "
             "that contains one"
         )
-    try:
-        raw = json.loads(candidate.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{what} {candidate} is not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{what} {candidate}: expected a JSON object")
-    return candidate, raw
+    return candidate, read_json(candidate, what)
 
 
 def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
@@ -125,9 +136,14 @@ def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
     # vllm.transformers_utils.config.uses_mrope: an mrope_section in the rope parameters.
     rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     fields["uses_mrope"] = isinstance(rope, dict) and rope.get("mrope_section") is not None
-    return HybridCheckpoint(
-        source=str(config_path),
-        model_type=str(model_type),
-        architecture=str(architectures[0]),
-        **fields,
-    )
+    try:
+        return HybridCheckpoint(
+            source=str(config_path),
+            model_type=str(model_type),
+            architecture=str(architectures[0]),
+            **fields,
+        )
+    except ValidationError as err:
+        problem = err.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"]) or "config"
+        raise UserError(f"{config_path}: {where}: {problem['msg']}") from None

@@ -62,10 +62,17 @@ def draft_profile_from_config(config: dict[str, Any], source: str) -> DraftProfi
     try:
         num_layers = int(config["num_hidden_layers"])
         hidden = int(config["hidden_size"])
-    except (KeyError, TypeError, ValueError) as err:
+        heads = int(config.get("num_attention_heads", 1))
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise UserError(
             f"draft config {source}: needs num_hidden_layers and hidden_size ({err})"
         ) from None
+    # A draft has a handful of layers; sizes beyond these are not a checkpoint.
+    if not (1 <= num_layers <= 256 and 1 <= hidden <= 1 << 20 and 1 <= heads <= 1 << 12):
+        raise UserError(
+            f"draft config {source}: num_hidden_layers {num_layers}, hidden_size {hidden}, "
+            f"num_attention_heads {heads}: outside what a draft model can be (1-256 layers)"
+        )
     dflash = config.get("dflash_config") or {}
     layer_types = config.get("layer_types")
     use_swa = bool(dflash.get("use_swa", False))
@@ -85,16 +92,20 @@ def draft_profile_from_config(config: dict[str, Any], source: str) -> DraftProfi
             f"draft config {source}: sliding-window layers need a window: set "
             "dflash_config.swa_window_size or sliding_window"
         )
-    heads = int(config.get("num_attention_heads", 1))
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    try:
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        kv_heads = int(config.get("num_key_value_heads", heads))
+        weights = _weights_bytes(config, num_layers, head_dim)
+    except (TypeError, ValueError, OverflowError, AttributeError) as err:
+        raise UserError(f"draft config {source}: {type(err).__name__}: {err}") from None
     return DraftProfile(
         name=str(config.get("_name_or_path") or Path(source).parent.name or source),
         source=source,
         layer_kinds=kinds,
         sliding_window=int(window) if window and "sliding" in kinds else None,
-        num_key_value_heads=int(config.get("num_key_value_heads", heads)),
+        num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        weights_bytes=_weights_bytes(config, num_layers, head_dim),
+        weights_bytes=weights,
     )
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from dflash_ops.errors import UserError
+from dflash_ops.files import read_yaml
 
 
 class KubernetesCluster:
@@ -14,9 +17,13 @@ class KubernetesCluster:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 
+        if kubeconfig:
+            # A file that is not a kubeconfig at all gets one line naming it, not the client's
+            # traceback from deep inside its YAML reader.
+            read_yaml(kubeconfig, "--kubeconfig", dict)
         try:
             config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
-        except (ConfigException, FileNotFoundError, TypeError) as err:
+        except (ConfigException, TypeError, ValueError, OSError, yaml.YAMLError) as err:
             try:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
             except ConfigException:

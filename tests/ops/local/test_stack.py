@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -108,3 +109,124 @@ def test_too_little_shared_memory_names_the_container_flag(
     with pytest.raises(UserError, match=r"/dev/shm has 62 MiB free.*--shm-size=1g"):
         stack.up(cfg)
     assert not (cfg.state_dir / "engine.log").exists()  # refused before anything started
+
+
+def stranger_group() -> tuple[int, list[int]]:
+    """A process group that is none of ours: a leader with a child, in a session of its own."""
+    import subprocess
+
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '120']); "
+         "time.sleep(120)"],
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while True:
+        members = [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and (fields := supervisor._stat_fields(p.name)) is not None
+            and fields[2] == str(leader.pid)
+        ]
+        if len(members) == 2:
+            return leader.pid, members
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("recorded", ["same-command", "old-record-without-marker"])
+def test_a_stale_state_file_never_signals_a_strangers_group(tmp_path: Path, recorded: str) -> None:
+    """The recorded pid now leads another process group (pid reuse): `local down` and `local up`
+    must leave it alone."""
+    pid, members = stranger_group()
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    cfg = config(tmp_path)
+    record = supervisor.ProcessRecord(
+        name="engine",
+        pid=pid,
+        url="http://127.0.0.1:1",
+        log=str(tmp_path / "engine.log"),
+        # The worst case: the stranger even runs the recorded command line.
+        argv=argv if recorded == "same-command" else ["vllm", "serve"],
+        marker="engine-0123" if recorded == "same-command" else "",
+        start_time=None,
+    )
+    stack._save_state(stack.StackState(config=cfg, processes=[record]))
+    try:
+        assert supervisor.group_members(record) == []
+        stack.down(tmp_path, quiet=True)
+        for member in members:
+            assert Path(f"/proc/{member}").exists(), "a stranger's process was killed"
+    finally:
+        for member in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)
+
+
+def test_a_reused_pid_with_the_same_command_is_not_alive(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    record = spawn_family(cfg)
+    try:
+        assert supervisor.alive(record)
+        assert not supervisor.alive(record.model_copy(update={"start_time": record.start_time + 1}))
+    finally:
+        supervisor.stop_process(record, grace_s=2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_during_up_stops_what_was_started(tmp_path: Path, sig: int) -> None:
+    """`local up` killed by its terminal or a container stop while the engine loads leaves no
+    orphan: the signal is handled like Ctrl-C."""
+    import subprocess
+
+    script = tmp_path / "up.py"
+    script.write_text(
+        "import sys, time\n"
+        "from dflash_ops.local import stack, supervisor\n"
+        "def slow_start(config, state):\n"
+        "    record = supervisor.spawn('engine', ['sleep', '300'], 'http://127.0.0.1:1',\n"
+        "                              config.state_dir / 'engine.log')\n"
+        "    stack._save_state(stack.StackState(config=config, processes=[record]))\n"
+        "    print(record.pid, flush=True)\n"
+        "    time.sleep(300)\n"
+        "stack._start = slow_start\n"
+        "from dflash_ops.errors import UserError\n"
+        "try:\n"
+        f"    stack.up(stack.StackConfig(state_dir={str(tmp_path)!r}, prometheus=False))\n"
+        "except UserError as err:\n"
+        "    sys.exit(f'error: {err}')\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    engine_pid = int(process.stdout.readline())
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=60)
+    assert (
+        "stopping what was started" in err
+        and "Traceback (most recent call last)" not in err.split("UserError")[0]
+    )
+    deadline = time.monotonic() + 10
+    while (
+        Path(f"/proc/{engine_pid}").exists()
+        and (supervisor._stat_fields(engine_pid) or ["Z"])[0] != "Z"
+    ):
+        assert time.monotonic() < deadline, "the engine was left running"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ("abc.invalid", "not an address or a name"),
+        ("999.999.1.1", "not an address or a name"),
+        ("192.0.2.1", "must be an address of this machine"),
+    ],
+)
+def test_a_bad_host_is_named_as_such_not_as_a_port_in_use(
+    tmp_path: Path, host: str, message: str
+) -> None:
+    with pytest.raises(UserError, match=message):
+        stack.up(config(tmp_path, host=host, engine_port=free_port()))

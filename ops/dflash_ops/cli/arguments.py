@@ -1,0 +1,106 @@
+"""Argument types every subcommand uses: one rule for numbers (finite, within stated bounds),
+URLs and Kubernetes names, each refusal naming the value and what would be accepted."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from dflash_ops.errors import UserError
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _show(value: float) -> str:
+    """1048576, not 1.04858e+06; 0.5 as 0.5."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool) -> str:
+    if low is not None and high is not None:
+        lower = f"{'above' if low_open else 'from'} {_show(low)}"
+        return f"{lower} {'up ' if low_open else ''}to {_show(high)}"
+    if low is not None:
+        return f"{'above' if low_open else 'at least'} {_show(low)}"
+    assert high is not None
+    return f"at most {_show(high)}"
+
+
+def number(
+    kind: type = float,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> Callable[[str], float]:
+    """A finite int or float between `low` and `high` (`low_open`: strictly above `low`)."""
+
+    def parse(text: str) -> float:
+        try:
+            value: float = kind(text)
+        except ValueError:
+            noun = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number")
+        below = low is not None and (value <= low if low_open else value < low)
+        if below or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {_bounds(low, high, low_open)}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def number_list(
+    kind: type = float, low: float | None = None, high: float | None = None, low_open: bool = True
+) -> Callable[[str], list[float]]:
+    """Comma-separated numbers, each as `number` takes it (at least one)."""
+    one = number(kind, low, high, low_open)
+
+    def parse(text: str) -> list[float]:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected numbers like 1,4")
+        return [one(part) for part in parts]
+
+    return parse
+
+
+def check_http_url(url: str, flag: str = "--base-url") -> str:
+    """`url` without a trailing slash, or a UserError naming what is wrong with it."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as err:
+        raise UserError(
+            f"{flag} {url!r} is not a URL ({err}), e.g. http://127.0.0.1:8000"
+        ) from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise UserError(f"{flag} {url!r}: the port is not a number in 1-65535") from None
+    if parts.scheme not in ("http", "https"):
+        raise UserError(f"{flag} {url!r}: expected http:// or https://, e.g. http://127.0.0.1:8000")
+    if not parts.hostname or port == 0:
+        raise UserError(f"{flag} {url!r}: expected a host (and port), e.g. http://127.0.0.1:8000")
+    return url.rstrip("/")
+
+
+def http_url(text: str) -> str:
+    """argparse type of check_http_url."""
+    try:
+        return check_http_url(text, "")
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err).strip()) from None
+
+
+def kubernetes_name(text: str) -> str:
+    """A namespace or release name: a DNS-1123 label (lowercase letters, digits, '-')."""
+    if len(text) > 63 or not DNS_LABEL.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected lowercase letters, digits and '-', starting and ending with a "
+            "letter or digit, at most 63 characters"
+        )
+    return text
