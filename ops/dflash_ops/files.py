@@ -14,14 +14,14 @@ from dflash_ops.errors import UserError
 MAX_BYTES = 64 * 1024 * 1024  # no input the CLI reads is anywhere near this
 
 
-def read_text(path: str | Path, what: str) -> str:
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> str:
     """The file's UTF-8 text; `what` names the input in errors (e.g. "--draft-config")."""
     path = Path(path)
     try:
         if path.is_dir():
             raise UserError(f"{what} {path} is a directory, not a file")
         size = path.stat().st_size
-        if size > MAX_BYTES:
+        if size > max_bytes:
             raise UserError(f"{what} {path} is {size} bytes: not an input file")
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:

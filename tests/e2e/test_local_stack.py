@@ -321,3 +321,63 @@ def test_ctrl_c_during_up_stops_everything_without_a_traceback(
     assert "stopping what was started" in output and "Traceback" not in output
     assert "nothing of the stack is left running" in output
     assert not (tmp_path / "state.json").exists()
+
+
+def test_prompt_files_goodput_records_compare_and_search_on_the_engine(
+    local_stack: stack.StackState, tmp_path: Path
+) -> None:
+    """The user's own prompt sets, goodput, per-request records, a three-way compare and a
+    saturation search, against the real CPU engine."""
+    fixtures = Path(__file__).parents[1] / "ops" / "bench" / "fixtures"
+    engine = url_of(local_stack, "engine")
+    common = ["--concurrency", "1,2", "--num-prompts", "3", "--repeats", "1", "--warmup", "1",
+              "--max-tokens", "16", "--goodput", "ttft:600000,e2e:600000"]  # fmt: skip
+    custom, sharegpt = fixtures / "custom.jsonl", fixtures / "sharegpt.json"
+    runs = {
+        "custom": ["--dataset-name", "custom", "--dataset-path", str(custom)],
+        "sharegpt": ["--dataset-name", "sharegpt", "--dataset-path", str(sharegpt)],
+        "groups": ["--dataset-name", "shared-prefix", "--prefix-groups", "2",
+                   "--random-input-len", "64"],
+    }  # fmt: skip
+    for name, flags in runs.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "dflash_ops.cli", "bench", "--base-url", engine,
+             "--result-dir", str(tmp_path / name), *common, *flags],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        saved = json.loads((tmp_path / name / "results.json").read_text())
+        assert saved["status"] == "complete"
+        for level in saved["levels"]:
+            assert level["slo_attainment"] == 1.0 and level["goodput_requests_per_s"]["mean"] > 0
+            assert level["token_count_source"] == "usage"
+        lines = [
+            json.loads(line)
+            for line in (tmp_path / name / "requests.jsonl").read_text().splitlines()
+        ]
+        assert len(lines) == 6 and all(line["ok"] for line in lines)
+        if name == "custom":
+            # ignore_eos: each request generates exactly the file's output_len (else 16).
+            expected = {"sum": 12, "haiku": 20, "custom-2": 16}
+            assert {ln["prompt_id"]: ln["output_tokens"] for ln in lines} == expected
+        # Streamed chunks: one per engine step, each step carrying one or more tokens.
+        assert all(1 <= len(ln["chunk_times_ms"]) <= ln["output_tokens"] for ln in lines)
+    compared = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.cli", "bench", "compare",
+         *(str(tmp_path / name) for name in runs)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    header = "| metric | level | custom | sharegpt | groups | sharegpt / custom | groups / custom |"
+    assert header in compared.stdout
+    assert "| mean acceptance length | concurrency 2 |" in compared.stdout
+    searched = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.cli", "bench", "search", "--base-url", engine,
+         "--out", str(tmp_path / "search"), "--low", "1", "--high", "2", "--num-prompts", "2",
+         "--max-tokens", "8", "--warmup", "0", "--goodput", "e2e:600000"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert searched.returncode == 0, searched.stderr[-2000:]
+    summary = json.loads((tmp_path / "search" / "search.json").read_text())
+    assert summary["best"] == 2 and summary["bounded_by_high"]
+    assert [p["load"] for p in summary["probes"]] == [1, 2]

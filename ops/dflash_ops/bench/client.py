@@ -9,15 +9,18 @@ complete events are decoded, so the client stays far from being the bottleneck.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from dflash_sidecar import metrics_parser
 
+from dflash_ops.bench.results import DEFAULT_REQUEST_TIMEOUT_S
 from dflash_ops.cli.arguments import check_http_url
 from dflash_ops.errors import UserError
 
@@ -31,6 +34,9 @@ def check_base_url(url: str) -> str:
     return check_http_url(url)
 
 
+ErrorKind = Literal["http", "timeout", "connection", "protocol"]
+
+
 @dataclass
 class RequestRecord:
     """What one streamed request measured."""
@@ -41,12 +47,21 @@ class RequestRecord:
     end: float = 0.0
     output_tokens: int = 0
     prompt_tokens: int = 0
-    chunk_gaps_s: list[float] = field(default_factory=list)
+    chunk_times_s: list[float] = field(default_factory=list)  # content chunks, after start
     error: str | None = None
+    error_kind: ErrorKind | None = None
+    token_count_source: Literal["usage", "tokenizer"] = "usage"
+    prompt_id: str = ""
 
     @property
     def latency_s(self) -> float:
         return self.end - self.start
+
+    @property
+    def chunk_gaps_s(self) -> list[float]:
+        """Gaps between streamed content chunks (inter-token latency, per engine step)."""
+        times = self.chunk_times_s
+        return [b - a for a, b in itertools.pairwise(times)]
 
     @property
     def tpot_s(self) -> float | None:
@@ -57,9 +72,18 @@ class RequestRecord:
 
 
 class Endpoint:
-    def __init__(self, base_url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        api_key: str | None = None,
+        token_counter: Callable[[str], int] | None = None,
+    ) -> None:
         self.base_url = check_base_url(base_url)
+        self.timeout_s = timeout_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=CONNECT_TIMEOUT_S)
+        # Counts output tokens from the streamed text when a server sends no usage chunk.
+        self.token_counter = token_counter
         # vLLM --api-key guards /v1/...; /metrics and /health ignore the header.
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
@@ -117,9 +141,23 @@ class Endpoint:
         status, text = await self._get("/metrics")
         return text if status == 200 else None
 
+    async def alive(self) -> bool:
+        """Whether the server still answers /health at all (any status but a dead socket)."""
+        try:
+            async with self.session.get(
+                self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)
+            ) as reply:
+                await reply.read()
+                return True
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def counters(self) -> metrics_parser.SeriesSample | None:
         """Speculative counters summed over every series; None if the server has none."""
-        text = await self.metrics_text()
+        return self.counters_of(await self.metrics_text())
+
+    @staticmethod
+    def counters_of(text: str | None) -> metrics_parser.SeriesSample | None:
         if text is None:
             return None
         samples = [s for s in metrics_parser.parse(text).series.values() if s.has_spec_decode]
@@ -137,7 +175,10 @@ class Endpoint:
 
     async def prefix_cache(self) -> tuple[float, float] | None:
         """(hit tokens, queried tokens) of vLLM's prefix cache, summed; None if not exported."""
-        text = await self.metrics_text()
+        return self.prefix_cache_of(await self.metrics_text())
+
+    @staticmethod
+    def prefix_cache_of(text: str | None) -> tuple[float, float] | None:
         totals = {"hits": 0.0, "queries": 0.0}
         found = False
         for kind, value in _PREFIX_HITS.findall(text or ""):
@@ -174,13 +215,14 @@ class Endpoint:
             "stream_options": {"include_usage": True},
         }
         record = RequestRecord(ok=False, start=time.perf_counter())
-        last = record.start
+        text: list[str] = []
         try:
             async with self.session.post(
                 self.base_url + "/v1/chat/completions", json=body
             ) as reply:
                 if reply.status != 200:
                     record.error = f"HTTP {reply.status}: {(await reply.text())[:200]}"
+                    record.error_kind = "http"
                     record.end = time.perf_counter()
                     return record
                 buffer = b""
@@ -199,28 +241,52 @@ class Endpoint:
                         choices = chunk.get("choices")
                         if choices:
                             delta = choices[0].get("delta") or {}
-                            if (
+                            content = (
                                 delta.get("content")
                                 or delta.get("reasoning_content")
                                 or delta.get("reasoning")
-                            ):
-                                if record.ttft_s is None:
-                                    record.ttft_s = now - record.start
-                                else:
-                                    record.chunk_gaps_s.append(now - last)
-                                last = now
+                            )
+                            if content:
+                                record.chunk_times_s.append(now - record.start)
+                                text.append(content)
                         usage = chunk.get("usage")
                         if usage:
                             record.output_tokens = int(usage.get("completion_tokens") or 0)
                             record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as err:
-            record.error = f"{type(err).__name__}: {err}"[:300]
+        except TimeoutError:
+            record.error = f"no answer within --request-timeout {self.timeout_s:g} s"
+            record.error_kind = "timeout"
             record.end = time.perf_counter()
             return record
-        record.end = last
+        except aiohttp.ClientError as err:
+            record.error = f"{type(err).__name__}: {err}"[:300]
+            record.error_kind = "connection"
+            record.end = time.perf_counter()
+            return record
+        except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as err:
+            record.error = f"a malformed stream: {type(err).__name__}: {err}"[:300]
+            record.error_kind = "protocol"
+            record.end = time.perf_counter()
+            return record
+        if record.chunk_times_s:
+            record.ttft_s = record.chunk_times_s[0]
+            record.end = record.start + record.chunk_times_s[-1]
+        else:
+            record.end = time.perf_counter()
+        if record.ttft_s is not None and record.output_tokens == 0:
+            if self.token_counter is None:
+                record.error = (
+                    "the stream carried no usage chunk (stream_options.include_usage): pass "
+                    "--tokenizer to count output tokens with the model's tokenizer"
+                )
+                record.error_kind = "protocol"
+                return record
+            record.output_tokens = self.token_counter("".join(text))
+            record.token_count_source = "tokenizer"
         record.ok = record.ttft_s is not None and record.output_tokens > 0
         if not record.ok:
-            record.error = "the stream carried no content or no usage"
+            record.error = "the stream carried no content"
+            record.error_kind = "protocol"
         return record
 
     async def chat_token_ids(

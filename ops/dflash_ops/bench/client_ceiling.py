@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from dflash_ops.bench.client import Endpoint
 from dflash_ops.bench.prompts import build
+from dflash_ops.bench.run_directory import RunDirectory
 from dflash_ops.bench.runner import Level, Progress, run_pass
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import start_server
@@ -49,8 +50,10 @@ class ClientCeiling(BaseModel):
         return statistics.fmean(self.ours_tokens_per_s) / statistics.fmean(self.vllm_tokens_per_s)
 
 
-async def _ours(url: str, concurrency: int, requests: int, max_tokens: int) -> float:
+async def _ours(url: str, concurrency: int, requests: int, max_tokens: int, work: Path) -> float:
     endpoint = Endpoint(url)
+    # Every request written to requests.jsonl as it completes, as a real run does.
+    directory = RunDirectory(work / "ours")
     try:
         prompts = build("random", requests, input_len=32)
         run, _ = await run_pass(
@@ -63,9 +66,11 @@ async def _ours(url: str, concurrency: int, requests: int, max_tokens: int) -> f
             None,
             0,
             Progress("dflash-serve bench:", requests, stream=open(os.devnull, "w")),  # noqa: SIM115
+            on_record=lambda record: directory.record("ceiling", 1, record),
         )
     finally:
         await endpoint.aclose()
+        directory.close()
     if run.failed:
         raise UserError(f"{run.failed} requests failed against the instant server")
     return run.output_tokens_per_s
@@ -115,7 +120,7 @@ def measure(
     try:
         with tempfile.TemporaryDirectory() as work:
             for i in range(repeats):
-                ours.append(asyncio.run(_ours(url, concurrency, requests, max_tokens)))
+                ours.append(asyncio.run(_ours(url, concurrency, requests, max_tokens, Path(work))))
                 line = f"  run {i + 1}/{repeats}: dflash-serve bench {ours[-1]:,.0f} tok/s"
                 if against_vllm:
                     theirs.append(_vllm(url, concurrency, requests, max_tokens, Path(work)))

@@ -1,9 +1,11 @@
-"""Write results.json, results.md and acceptance.png; compare two runs side by side."""
+"""The run's Markdown table and acceptance plot; compare several runs side by side."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from dflash_ops.bench import slo
 from dflash_ops.bench.results import BenchResult, LevelResult, Percentiles
 
 
@@ -12,9 +14,17 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def _pct(p: Percentiles | None, *keys: str) -> str:
+    """e.g. `41 / 58 (n=24)`: the sample count beside every percentile."""
     if p is None:
         return "n/a"
-    return " / ".join(f"{getattr(p, k):.0f}" for k in keys)
+    return " / ".join(f"{getattr(p, k):.0f}" for k in keys) + f" (n={p.count})"
+
+
+STATUS_LINES = {
+    "running": "**Running**: the levels below are those finished so far.",
+    "interrupted": "**Interrupted**: the run was stopped; the levels below are what it measured.",
+    "failed": "**Stopped early**: the levels below are what was measured before it stopped.",
+}
 
 
 def markdown(result: BenchResult) -> str:
@@ -26,14 +36,18 @@ def markdown(result: BenchResult) -> str:
         f"Prompt set `{s.prompt_set}`, greedy, max_tokens {s.max_tokens}, {length} per run, "
         f"{s.repeats} run(s) per level after {s.warmup} warm-up request(s); streamed; started "
         f"{result.started_at}. Throughput is mean ± stdev (min-max) over the runs; latencies in "
-        "ms over every request of the level. ITL is the gap between streamed chunks: one chunk "
-        "per engine step, so with speculative decoding it is per step, not per token.",
+        "ms over every request of the level (interpolated percentiles, n = samples). ITL is the "
+        "gap between streamed chunks: one chunk per engine step, so with speculative decoding "
+        "it is per step, not per token.",
         "",
         "| level | requests ok/failed | output tok/s | req/s | TTFT p50 / p99 | TPOT p50 / p99 "
         "| ITL p50 / p99 | mean acceptance length | draft acceptance rate | per-position "
         "acceptance | prefix-cache hit rate |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
+    if result.status in STATUS_LINES:
+        reason = f" Reason: {result.stop_reason}" if result.stop_reason else ""
+        lines[2:2] = [STATUS_LINES[result.status] + reason, ""]
     for level in result.levels:
         spec = level.spec_decode
         per_pos = ", ".join(f"{p:.2f}" for p in spec.per_position_acceptance) if spec else "n/a"
@@ -42,7 +56,8 @@ def markdown(result: BenchResult) -> str:
         failed = sum(r.failed for r in level.runs)
         hit = level.prefix_cache.hit_rate if level.prefix_cache else None
         lines.append(
-            f"| {level.label} | {ok}/{failed} | {tps.mean:.1f} ± {tps.stdev:.1f} "
+            f"| {level.label}{' (partial)' if level.partial else ''} | {ok}/{failed} | "
+            f"{tps.mean:.1f} ± {tps.stdev:.1f} "
             f"({tps.min:.1f}-{tps.max:.1f}) | {level.requests_per_s.mean:.2f} | "
             f"{_pct(level.ttft_ms, 'p50', 'p99')} | {_pct(level.tpot_ms, 'p50', 'p99')} | "
             f"{_pct(level.itl_ms, 'p50', 'p99')} | "
@@ -65,8 +80,29 @@ def markdown(result: BenchResult) -> str:
             f"{check.identical}/{check.prompts} greedy outputs token-identical.",
         ]
         lines += [f"- {m}" for m in check.mismatches]
+    if s.goodput:
+        lines += ["", f"Goodput objectives: {slo.describe(s.goodput)}.", ""]
+        lines += ["| level | goodput req/s | requests meeting every objective |", "|---|---:|---:|"]
+        for level in result.levels:
+            good = level.goodput_requests_per_s
+            share = level.slo_attainment
+            lines.append(
+                f"| {level.label} | {_fmt(good.mean if good else None)} | "
+                f"{'n/a' if share is None else f'{share:.1%}'} |"
+            )
     for level in result.levels:
+        if level.partial:
+            lines.append(f"- {level.label}: stopped early: {level.partial}")
+        if level.failures:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(level.failures.items()))
+            lines.append(f"- {level.label}: failed requests by kind: {kinds}")
         lines += [f"- {level.label}: failed request: {e}" for e in level.errors]
+        lines += [f"- {level.label}: {note}" for note in level.notes]
+        if level.token_count_source == "tokenizer":
+            lines.append(
+                f"- {level.label}: the server sent no usage chunk; output tokens were counted "
+                f"with the tokenizer {s.tokenizer}"
+            )
     lines += ["", *(f"Note: {n}" for n in result.notes)] if result.notes else []
     return "\n".join(lines) + "\n"
 
@@ -109,45 +145,42 @@ def plot(result: BenchResult, path: Path) -> None:
     plt.close(fig)
 
 
-def write(result: BenchResult, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json", out / "results.md", out / "acceptance.png"]
-    paths[0].write_text(result.model_dump_json(indent=2))
-    paths[1].write_text(markdown(result))
-    plot(result, paths[2])
-    return paths
-
-
-def compare(a: BenchResult, b: BenchResult, a_name: str, b_name: str) -> str:
-    """Side-by-side table of two runs with B/A ratios, per shared level."""
-    lines = [
-        f"| metric | level | {a_name} | {b_name} | {b_name} / {a_name} |",
-        "|---|---|---:|---:|---:|",
-    ]
-    levels_a = {level.label: level for level in a.levels}
-    levels_b = {level.label: level for level in b.levels}
-    shared = [label for label in levels_a if label in levels_b]
+def compare(runs: list[tuple[str, BenchResult]]) -> str:
+    """One table of several runs, per load level they all share, with each run's ratio to the
+    first (the baseline). Raises ValueError when they share no level."""
+    names = [name for name, _ in runs]
+    by_label = [{level.label: level for level in result.levels} for _, result in runs]
+    shared = [label for label in by_label[0] if all(label in other for other in by_label[1:])]
     if not shared:
-        return "the two runs share no load level\n"
-
-    def p50(p: Percentiles | None) -> float | None:
-        return None if p is None else p.p50
-
+        raise ValueError("the runs share no load level")
+    header = " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:])
+    lines = [
+        f"| metric | level | {header} |",
+        "|---|---|" + "---:|" * (2 * len(names) - 1),
+    ]
+    metrics: list[tuple[str, Callable[[LevelResult], float | None]]] = [
+        ("output tok/s (mean)", lambda lv: lv.output_tokens_per_s.mean),
+        ("TTFT p50 ms", lambda lv: lv.ttft_ms.p50 if lv.ttft_ms else None),
+        ("TTFT p99 ms", lambda lv: lv.ttft_ms.p99 if lv.ttft_ms else None),
+        ("TPOT p50 ms", lambda lv: lv.tpot_ms.p50 if lv.tpot_ms else None),
+        ("TPOT p99 ms", lambda lv: lv.tpot_ms.p99 if lv.tpot_ms else None),
+        ("mean acceptance length", _mal),
+        (
+            "draft acceptance rate",
+            lambda lv: lv.spec_decode.draft_acceptance_rate if lv.spec_decode else None,
+        ),
+    ]
     for label in shared:
-        la, lb = levels_a[label], levels_b[label]
-        rows: list[tuple[str, float | None, float | None]] = [
-            ("output tok/s (mean)", la.output_tokens_per_s.mean, lb.output_tokens_per_s.mean),
-            (
-                "mean acceptance length",
-                _mal(la),
-                _mal(lb),
-            ),
-            ("TTFT p50 ms", p50(la.ttft_ms), p50(lb.ttft_ms)),
-            ("TPOT p50 ms", p50(la.tpot_ms), p50(lb.tpot_ms)),
-        ]
-        for name, va, vb in rows:
-            ratio = f"{vb / va:.2f}x" if va and vb is not None else "n/a"
-            lines.append(f"| {name} | {label} | {_fmt(va)} | {_fmt(vb)} | {ratio} |")
+        levels = [table[label] for table in by_label]
+        for name, of in metrics:
+            values = [of(level) for level in levels]
+            base = values[0]
+            ratios = [f"{v / base:.2f}x" if base and v is not None else "n/a" for v in values[1:]]
+            cells = " | ".join(_fmt(v) for v in values) + " | " + " | ".join(ratios)
+            lines.append(f"| {name} | {label} | {cells} |")
+    partial = [n for n, (_, r) in zip(names, runs, strict=True) if r.status != "complete"]
+    if partial:
+        lines += ["", f"Not complete (see their results.md): {', '.join(partial)}."]
     return "\n".join(lines) + "\n"
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import statistics
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from dflash_ops.bench.prompts import PromptSetName
+
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+# How a run ended: every level measured, stopped by the user, or stopped by a failure.
+RunStatus = Literal["running", "complete", "interrupted", "failed"]
+# How a request's output tokens were counted: the server's usage chunk, or the model's tokenizer.
+TokenCountSource = Literal["usage", "tokenizer"]
 
 
 class Spread(BaseModel):
@@ -30,8 +36,18 @@ class Spread(BaseModel):
         )
 
 
+def percentile(ordered: list[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of sorted values, interpolated linearly between the two
+    nearest ranks (numpy's default): p99 of 20 samples is not simply the largest one."""
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
 class Percentiles(BaseModel):
-    """Milliseconds over every request (or chunk gap) of a level, all repeats together."""
+    """Milliseconds over every request (or chunk gap) of a level, all repeats together;
+    `count` is the number of samples (a p99 of a few dozen samples is a rough figure)."""
 
     mean: float
     p50: float
@@ -46,7 +62,7 @@ class Percentiles(BaseModel):
         ordered = sorted(v * 1000 for v in values)
 
         def pick(q: float) -> float:
-            return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+            return percentile(ordered, q)
 
         return cls(
             mean=statistics.fmean(ordered),
@@ -82,6 +98,18 @@ class RunResult(BaseModel):
     wall_s: float
     output_tokens_per_s: float
     requests_per_s: float
+    good_requests: int | None = Field(
+        default=None, description="requests that met every --goodput objective"
+    )
+    goodput_requests_per_s: float | None = None
+    engine_restarted: bool = Field(
+        default=False,
+        description="the engine's counters went backwards during this pass: it restarted, so "
+        "this pass's counters are left out of the level's acceptance",
+    )
+    spec_decode: SpecDecodeStats | None = Field(
+        default=None, description="this pass's /metrics deltas; null across a restart"
+    )
 
 
 class LevelResult(BaseModel):
@@ -104,6 +132,22 @@ class LevelResult(BaseModel):
     )
     prefix_cache: PrefixCacheStats | None = None
     errors: list[str] = Field(default_factory=list, description="first few failed requests")
+    failures: dict[str, int] = Field(
+        default_factory=dict,
+        description="failed requests by kind: http (an error status), timeout "
+        "(--request-timeout), connection (refused or cut), protocol (a malformed stream)",
+    )
+    goodput_requests_per_s: Spread | None = Field(
+        default=None, description="requests per second that met every --goodput objective"
+    )
+    slo_attainment: float | None = Field(
+        default=None, description="share of the level's requests that met every objective"
+    )
+    token_count_source: TokenCountSource = "usage"
+    partial: str | None = Field(
+        default=None, description="why the level stopped before its last run, if it did"
+    )
+    notes: list[str] = Field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -134,12 +178,24 @@ class BenchSettings(BaseModel):
     repeats: int
     warmup: int
     seed: int
+    dataset_path: str | None = None
+    prefix_groups: int = 1
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    goodput: dict[str, float] = Field(
+        default_factory=dict, description="objectives in ms: ttft, tpot, e2e (--goodput)"
+    )
+    tokenizer: str | None = None
 
 
 class BenchResult(BaseModel):
     base_url: str
     model: str
     started_at: str
+    finished_at: str | None = None
+    status: RunStatus = "complete"
+    stop_reason: str | None = Field(
+        default=None, description="why the run ended before its last level, if it did"
+    )
     settings: BenchSettings
     levels: list[LevelResult]
     kv_cache_tokens: int | None = Field(description="num_gpu_blocks x block_size, if reported")

@@ -14,12 +14,14 @@ import datetime
 import random
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from dflash_sidecar.acceptance_window import acceptance_ratios
 from dflash_sidecar.metrics_parser import SeriesSample
 
+from dflash_ops.bench import slo
 from dflash_ops.bench.client import Endpoint, RequestRecord
 from dflash_ops.bench.prompts import Prompt, build, fixed_prompts
 from dflash_ops.bench.results import (
@@ -30,6 +32,7 @@ from dflash_ops.bench.results import (
     Percentiles,
     PrefixCacheStats,
     RunResult,
+    RunStatus,
     SpecDecodeStats,
     Spread,
 )
@@ -77,16 +80,48 @@ class Progress:
             self.stream.write("\n")
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The engine's cumulative counters at one moment (None where it exports none)."""
+
+    spec: SeriesSample | None
+    prefix: tuple[float, float] | None  # (hit tokens, queried tokens)
+
+
+def went_backwards(before: Snapshot, after: Snapshot) -> bool:
+    """The sidecar's reset rule: a cumulative counter that decreased means the engine restarted
+    (its counters start again from zero) between the two snapshots."""
+    pairs: list[tuple[float, float]] = []
+    if before.spec is not None and after.spec is not None:
+        b, a = before.spec, after.spec
+        pairs += [
+            (b.drafts, a.drafts),
+            (b.draft_tokens, a.draft_tokens),
+            (b.accepted, a.accepted),
+            (b.generation_tokens, a.generation_tokens),
+        ]
+        pairs += [(v, a.accepted_per_pos.get(i, 0.0)) for i, v in b.accepted_per_pos.items()]
+    if before.prefix is not None and after.prefix is not None:
+        pairs += list(zip(before.prefix, after.prefix, strict=True))
+    return any(later < earlier for earlier, later in pairs)
+
+
 def spec_delta(before: SeriesSample | None, after: SeriesSample | None) -> SpecDecodeStats | None:
     if before is None or after is None:
         return None
-    drafts = after.drafts - before.drafts
-    draft_tokens = after.draft_tokens - before.draft_tokens
-    accepted = after.accepted - before.accepted
-    positions = range(max(after.accepted_per_pos, default=-1) + 1)
-    per_pos = [
-        after.accepted_per_pos.get(i, 0.0) - before.accepted_per_pos.get(i, 0.0) for i in positions
-    ]
+    was, now = before.accepted_per_pos, after.accepted_per_pos
+    positions = range(max(now, default=-1) + 1)
+    return spec_stats(
+        after.drafts - before.drafts,
+        after.draft_tokens - before.draft_tokens,
+        after.accepted - before.accepted,
+        [now.get(i, 0.0) - was.get(i, 0.0) for i in positions],
+    )
+
+
+def spec_stats(
+    drafts: float, draft_tokens: float, accepted: float, per_pos: list[float]
+) -> SpecDecodeStats:
     mal, rate, per_position = acceptance_ratios(drafts, draft_tokens, accepted, per_pos)
     return SpecDecodeStats(
         drafts=drafts,
@@ -96,6 +131,33 @@ def spec_delta(before: SeriesSample | None, after: SeriesSample | None) -> SpecD
         draft_acceptance_rate=rate,
         per_position_acceptance=per_position,
     )
+
+
+def spec_sum(passes: list[SpecDecodeStats]) -> SpecDecodeStats | None:
+    """The acceptance of several passes together (counter deltas add up, ratios do not)."""
+    if not passes:
+        return None
+    width = max(len(p.per_position_acceptance) for p in passes)
+    per_pos = [0.0] * width
+    for p in passes:
+        for i, share in enumerate(p.per_position_acceptance):
+            per_pos[i] += share * p.drafts
+    return spec_stats(
+        sum(p.drafts for p in passes),
+        sum(p.draft_tokens for p in passes),
+        sum(p.accepted for p in passes),
+        per_pos,
+    )
+
+
+RecordSink = Callable[[RequestRecord], None]
+
+
+@dataclass
+class PassOutcome:
+    records: list[RequestRecord] = field(default_factory=list)
+    stop_reason: str | None = None  # set when the server stopped answering
+    started: float = 0.0
 
 
 async def run_pass(
@@ -108,15 +170,24 @@ async def run_pass(
     duration_s: float | None,
     seed: int,
     progress: Progress,
+    outcome: PassOutcome | None = None,
+    on_record: RecordSink | None = None,
 ) -> tuple[RunResult, list[RequestRecord]]:
-    """One pass of a level: `num_requests` requests, or arrivals for `duration_s` seconds."""
-    records: list[RequestRecord] = []
-    started = time.perf_counter()
+    """One pass of a level: `num_requests` requests, or arrivals for `duration_s` seconds.
+
+    Records land in `outcome` as they complete (so an interrupted pass keeps them). A request
+    that cannot connect makes the pass probe the server; if it is gone too, no further request
+    is issued and `outcome.stop_reason` says why."""
+    outcome = outcome if outcome is not None else PassOutcome()
+    records = outcome.records
+    started = outcome.started = time.perf_counter()
     deadline = None if duration_s is None else started + duration_s
     issued = 0
 
     def next_prompt() -> Prompt | None:
         nonlocal issued
+        if outcome.stop_reason is not None:
+            return None
         if num_requests is not None and issued >= num_requests:
             return None
         if deadline is not None and time.perf_counter() >= deadline:
@@ -126,9 +197,15 @@ async def run_pass(
         return prompt
 
     async def send(prompt: Prompt) -> None:
-        record = await endpoint.stream_chat(model, prompt.messages, max_tokens)
+        record = await endpoint.stream_chat(model, prompt.messages, prompt.max_tokens or max_tokens)
+        record.prompt_id = prompt.id
         records.append(record)
+        if on_record is not None:
+            on_record(record)
         progress.advance(record.output_tokens)
+        gone = record.error_kind == "connection" and outcome.stop_reason is None
+        if gone and not await endpoint.alive():
+            outcome.stop_reason = f"the server stopped answering ({record.error})"
 
     if level.concurrency is not None:
 
@@ -148,31 +225,133 @@ async def run_pass(
                 await send(prompt)
 
         arrival = time.perf_counter()
-        while (prompt := next_prompt()) is not None:
-            tasks.append(asyncio.create_task(capped(prompt)))
-            arrival += rng.expovariate(level.request_rate)
-            await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
-            if deadline is not None and arrival >= deadline:
-                break
-        await asyncio.gather(*tasks)
+        try:
+            while (prompt := next_prompt()) is not None:
+                tasks.append(asyncio.create_task(capped(prompt)))
+                arrival += rng.expovariate(level.request_rate)
+                await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
+                if deadline is not None and arrival >= deadline:
+                    break
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
     progress.close()
+    return pass_result(records, started), records
+
+
+def pass_result(
+    records: list[RequestRecord], started: float, objectives: dict[str, float] | None = None
+) -> RunResult:
     ok = [r for r in records if r.ok]
     first = min((r.start for r in records), default=started)
     last = max((r.end for r in records), default=started)
     wall = max(last - first, 1e-9)
     output = sum(r.output_tokens for r in ok)
-    return (
-        RunResult(
-            requests=len(ok),
-            failed=len(records) - len(ok),
-            output_tokens=output,
-            prompt_tokens=sum(r.prompt_tokens for r in ok),
-            wall_s=wall,
-            output_tokens_per_s=output / wall,
-            requests_per_s=len(ok) / wall,
-        ),
-        records,
+    good = None
+    if objectives:
+        good = sum(1 for r in ok if slo.is_good(r, objectives))
+    return RunResult(
+        requests=len(ok),
+        failed=len(records) - len(ok),
+        output_tokens=output,
+        prompt_tokens=sum(r.prompt_tokens for r in ok),
+        wall_s=wall,
+        output_tokens_per_s=output / wall,
+        requests_per_s=len(ok) / wall,
+        good_requests=good,
+        goodput_requests_per_s=None if good is None else good / wall,
     )
+
+
+def level_label(level: Level) -> str:
+    if level.concurrency is not None:
+        return f"concurrency {level.concurrency}"
+    cap = f", max {level.max_concurrency} in flight" if level.max_concurrency else ""
+    return f"rate {level.request_rate:g}/s{cap}"
+
+
+@dataclass
+class LevelProgress:
+    """What a level has measured so far; `result()` at any moment (a partial level too)."""
+
+    level: Level
+    objectives: dict[str, float]
+    runs: list[RunResult] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+    first: Snapshot | None = None
+    last: Snapshot | None = None
+    restarted_runs: list[int] = field(default_factory=list)
+    partial: str | None = None
+    pass_kept: int = 0  # records before the pass in progress
+    pass_started: float = 0.0
+
+    def result(self) -> LevelResult | None:
+        """None while nothing was measured."""
+        if not self.records:
+            return None
+        ok = [r for r in self.records if r.ok]
+        runs = list(self.runs)
+        if len(self.records) > self.pass_kept:  # interrupted inside a pass: what it finished
+            runs.append(
+                pass_result(self.records[self.pass_kept :], self.pass_started, self.objectives)
+            )
+        spec_passes = [r.spec_decode for r in runs if r.spec_decode is not None]
+        prefix = None
+        first = self.first.prefix if self.first else None
+        last = self.last.prefix if self.last else None
+        if not self.restarted_runs and first is not None and last is not None:
+            hits, queries = last[0] - first[0], last[1] - first[1]
+            prefix = PrefixCacheStats(
+                queried_tokens=queries,
+                hit_tokens=hits,
+                hit_rate=hits / queries if queries else None,
+            )
+        failures: dict[str, int] = {}
+        for r in self.records:
+            if not r.ok:
+                kind = r.error_kind or "protocol"
+                failures[kind] = failures.get(kind, 0) + 1
+        notes = []
+        if self.restarted_runs:
+            which = ", ".join(str(i) for i in self.restarted_runs)
+            notes.append(
+                f"the engine restarted during run {which} (its counters went backwards): "
+                "acceptance is from the other runs only, prefix-cache hits are not reported"
+            )
+        goodput = None
+        attainment = None
+        if self.objectives:
+            goodput = Spread.of([r.goodput_requests_per_s or 0.0 for r in runs])
+            attainment = sum(1 for r in ok if slo.is_good(r, self.objectives)) / len(self.records)
+        return LevelResult(
+            concurrency=self.level.concurrency,
+            request_rate=self.level.request_rate,
+            max_concurrency=self.level.max_concurrency,
+            runs=runs,
+            output_tokens_per_s=Spread.of([r.output_tokens_per_s for r in runs]),
+            requests_per_s=Spread.of([r.requests_per_s for r in runs]),
+            ttft_ms=Percentiles.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None]),
+            tpot_ms=Percentiles.of_seconds([t for r in ok if (t := r.tpot_s) is not None]),
+            itl_ms=Percentiles.of_seconds([gap for r in ok for gap in r.chunk_gaps_s]),
+            e2e_ms=Percentiles.of_seconds([r.latency_s for r in ok]),
+            spec_decode=spec_sum(spec_passes),
+            prefix_cache=prefix,
+            errors=[r.error for r in self.records if r.error][:5],
+            failures=failures,
+            goodput_requests_per_s=goodput,
+            slo_attainment=attainment,
+            token_count_source=(
+                "tokenizer" if any(r.token_count_source == "tokenizer" for r in ok) else "usage"
+            ),
+            partial=self.partial,
+            notes=notes,
+        )
+
+
+async def snapshot(endpoint: Endpoint) -> Snapshot:
+    text = await endpoint.metrics_text()
+    return Snapshot(endpoint.counters_of(text), endpoint.prefix_cache_of(text))
 
 
 async def run_level(
@@ -181,19 +360,22 @@ async def run_level(
     prompts: list[Prompt],
     level: Level,
     settings: BenchSettings,
+    state: LevelProgress | None = None,
+    on_record: RecordSink | None = None,
+    on_run: Callable[[], None] | None = None,
 ) -> LevelResult:
-    runs: list[RunResult] = []
-    records: list[RequestRecord] = []
-    label = (
-        f"concurrency {level.concurrency}"
-        if level.concurrency is not None
-        else f"rate {level.request_rate:g}/s"
-    )
-    counters_before = await endpoint.counters()
-    prefix_before = await endpoint.prefix_cache()
+    """Every pass of one level. `state` holds what was measured so far, so the caller can still
+    report it when this is interrupted; `state.partial` says why a level stopped early."""
+    state = state if state is not None else LevelProgress(level, settings.goodput)
+    label = level_label(level)
+    state.first = state.last = await snapshot(endpoint)
     for repeat in range(settings.repeats):
         progress = Progress(f"{label}, run {repeat + 1}/{settings.repeats}:", settings.num_requests)
-        run, run_records = await run_pass(
+        outcome = PassOutcome(records=state.records)
+        before = state.last
+        kept = state.pass_kept = len(state.records)
+        state.pass_started = time.perf_counter()
+        await run_pass(
             endpoint,
             model,
             prompts,
@@ -203,42 +385,39 @@ async def run_level(
             settings.duration_s,
             settings.seed + repeat,
             progress,
+            outcome,
+            on_record,
         )
+        run = pass_result(state.records[kept:], outcome.started, settings.goodput)
+        if outcome.stop_reason is not None:
+            state.runs.append(run)
+            state.pass_kept = len(state.records)
+            state.partial = outcome.stop_reason
+            break
+        after = state.last = await snapshot(endpoint)
+        if went_backwards(before, after):
+            state.restarted_runs.append(repeat + 1)
+            run.engine_restarted = True
+        else:
+            run.spec_decode = spec_delta(before.spec, after.spec)
+        state.runs.append(run)
+        state.pass_kept = len(state.records)
         print(
             f"  {label}, run {repeat + 1}/{settings.repeats}: {run.requests} ok, {run.failed} "
             f"failed, {run.output_tokens} tokens in {run.wall_s:.1f}s = "
-            f"{run.output_tokens_per_s:.1f} tok/s",
+            f"{run.output_tokens_per_s:.1f} tok/s"
+            + (" (the engine restarted)" if run.engine_restarted else ""),
             file=sys.stderr,
         )
-        runs.append(run)
-        records += run_records
-    counters_after = await endpoint.counters()
-    prefix_after = await endpoint.prefix_cache()
-    ok = [r for r in records if r.ok]
-    if not ok:
-        first = next((r.error for r in records if r.error), "no request was sent")
-        raise UserError(f"every request at {label} failed; the first: {first}")
-    prefix = None
-    if prefix_before is not None and prefix_after is not None:
-        hits, queries = (prefix_after[0] - prefix_before[0], prefix_after[1] - prefix_before[1])
-        prefix = PrefixCacheStats(
-            queried_tokens=queries, hit_tokens=hits, hit_rate=hits / queries if queries else None
-        )
-    return LevelResult(
-        concurrency=level.concurrency,
-        request_rate=level.request_rate,
-        max_concurrency=level.max_concurrency,
-        runs=runs,
-        output_tokens_per_s=Spread.of([r.output_tokens_per_s for r in runs]),
-        requests_per_s=Spread.of([r.requests_per_s for r in runs]),
-        ttft_ms=Percentiles.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None]),
-        tpot_ms=Percentiles.of_seconds([t for r in ok if (t := r.tpot_s) is not None]),
-        itl_ms=Percentiles.of_seconds([gap for r in ok for gap in r.chunk_gaps_s]),
-        e2e_ms=Percentiles.of_seconds([r.latency_s for r in ok]),
-        spec_decode=spec_delta(counters_before, counters_after),
-        prefix_cache=prefix,
-        errors=[r.error for r in records if r.error][:5],
-    )
+        if on_run is not None:
+            on_run()
+    if not any(r.ok for r in state.records) and state.partial is None:
+        first = next((r.error for r in state.records if r.error), "no request was sent")
+        state.partial = f"every request at {label} failed; the first: {first}"
+    result = state.result()
+    if result is None:
+        raise UserError(f"no request was sent at {label}")
+    return result
 
 
 async def check_lossless(
@@ -305,18 +484,83 @@ async def check_lossless(
     )
 
 
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+class BenchStopped(Exception):
+    """The run ended before its last level; `result` holds what it measured."""
+
+    def __init__(self, result: BenchResult) -> None:
+        super().__init__(result.stop_reason)
+        self.result = result
+
+
+ResultSink = Callable[[BenchResult], None]
+# Chooses the next level from those measured so far (None: done), e.g. a saturation search.
+LevelPlan = Callable[[list[LevelResult]], Level | None]
+
+
+def fixed_plan(levels: list[Level]) -> LevelPlan:
+    return lambda done: levels[len(done)] if len(done) < len(levels) else None
+
+
 async def run_bench(
     base_url: str,
     model: str | None,
-    levels: list[Level],
+    levels: list[Level] | LevelPlan,
     settings: BenchSettings,
     reference_url: str | None = None,
     reference_model: str | None = None,
     lossless_concurrency: tuple[int, ...] = (1, 4),
     api_key: str | None = None,
+    prompts: list[Prompt] | None = None,
+    token_counter: Callable[[str], int] | None = None,
+    on_result: ResultSink | None = None,
+    on_record: Callable[[str, int, RequestRecord], None] | None = None,
 ) -> BenchResult:
-    endpoint = Endpoint(base_url, api_key=api_key)
+    """Every level in turn. `on_result` gets the result so far after every pass and level (and
+    once more at the end, however the run ends); `on_record` every request as it completes. A
+    level that stops early (the server went away, every request failed) ends the run: the
+    BenchStopped raised carries everything measured, as does an interrupt (`on_result` saw it)."""
+    started_at = now_iso()
+    endpoint = Endpoint(
+        base_url, timeout_s=settings.request_timeout_s, api_key=api_key, token_counter=token_counter
+    )
     reference = Endpoint(reference_url, api_key=api_key) if reference_url else None
+    done: list[LevelResult] = []
+    current: LevelProgress | None = None
+    notes: list[str] = []
+    kv_tokens: int | None = None
+
+    def snapshot_result(status: RunStatus, reason: str | None = None) -> BenchResult:
+        levels_so_far = list(done)
+        if current is not None and (partial := current.result()) is not None:
+            if status == "interrupted" and partial.partial is None:
+                partial.partial = "interrupted (Ctrl-C or SIGTERM)"
+            levels_so_far.append(partial)
+        return BenchResult(
+            base_url=endpoint.base_url,
+            model=model or "",
+            started_at=started_at,
+            finished_at=None if status == "running" else now_iso(),
+            status=status,
+            stop_reason=reason,
+            settings=settings,
+            levels=levels_so_far,
+            kv_cache_tokens=kv_tokens,
+            notes=notes,
+        )
+
+    def publish(status: RunStatus, reason: str | None = None) -> BenchResult:
+        result = snapshot_result(status, reason)
+        if on_result is not None:
+            on_result(result)
+        return result
+
+    def still_running() -> None:
+        publish("running")
+
     try:
         if model is None:
             served = await endpoint.models()
@@ -326,8 +570,12 @@ async def run_bench(
         await endpoint.check_model(model)
         if reference is not None:  # before the run, not after it
             await reference.check_model(reference_model or model)
-        count = settings.num_requests or 64
-        prompts = build(settings.prompt_set, count, settings.input_len, settings.seed)
+        if prompts is None:
+            count = settings.num_requests or 64
+            prompts = build(
+                settings.prompt_set, count, settings.input_len, settings.seed,
+                settings.prefix_groups,
+            )  # fmt: skip
         print(
             f"warm-up: {settings.warmup} requests to {endpoint.base_url} ({model})",
             file=sys.stderr,
@@ -336,14 +584,35 @@ async def run_bench(
             record = await endpoint.stream_chat(model, prompt.messages, 8)
             if not record.ok:
                 raise UserError(f"the warm-up request failed: {record.error}")
-        notes = []
         if await endpoint.counters() is None:
             notes.append(
                 "the server exports no vllm:spec_decode_* counters: speculative decoding is "
                 "off or this is not vLLM; acceptance is not reported"
             )
             print(f"note: {notes[-1]}", file=sys.stderr)
-        results = [await run_level(endpoint, model, prompts, level, settings) for level in levels]
+        kv_tokens = await endpoint.kv_cache_tokens()
+        publish("running")
+        plan = fixed_plan(levels) if isinstance(levels, list) else levels
+        while (level := plan(done)) is not None:
+            label = level_label(level)
+            current = LevelProgress(level, settings.goodput)
+            state = current
+
+            def record_of(
+                record: RequestRecord, label: str = label, state: LevelProgress = state
+            ) -> None:
+                if on_record is not None:
+                    on_record(label, len(state.runs) + 1, record)
+
+            result = await run_level(
+                endpoint, model, prompts, level, settings, state, record_of, still_running
+            )
+            current = None
+            done.append(result)
+            if result.partial is not None:
+                stopped = publish("failed", f"{result.label}: {result.partial}")
+                raise BenchStopped(stopped)
+            publish("running")
         lossless = None
         if reference is not None:
             lossless = await check_lossless(
@@ -354,16 +623,17 @@ async def run_bench(
                 settings.max_tokens,
                 list(lossless_concurrency),
             )
-        return BenchResult(
-            base_url=endpoint.base_url,
-            model=model,
-            started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            settings=settings,
-            levels=results,
-            kv_cache_tokens=await endpoint.kv_cache_tokens(),
-            notes=notes,
-            lossless=lossless,
-        )
+        final = snapshot_result("complete").model_copy(update={"lossless": lossless})
+        if on_result is not None:
+            on_result(final)
+        return final
+    except asyncio.CancelledError:
+        publish("interrupted", "interrupted (Ctrl-C or SIGTERM)")
+        raise
+    except UserError as err:
+        if done or current is not None:
+            publish("failed", str(err))
+        raise
     finally:
         await endpoint.aclose()
         if reference is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +13,11 @@ def serve(module: str) -> Iterator[str]:
     process, url = start_server(module)
     yield url
     process.terminate()
-    process.wait(timeout=10)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # a handler still holds a hung request
+        process.kill()
+        process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,15 @@
 /slow/...       streams one chunk every 50 ms
 /good/...       the instant server without speculative counters (a lossless reference)
 /other/...      like /good, other tokens
+/hang/...       chat requests are accepted and never answered
+/no-usage/...   streams content and never a usage chunk
+/restarting/... speculative counters that start again from zero at the 6th chat request (an
+                engine restart); they count requests served since the (re)start: 10 drafts,
+                30 draft tokens, 15 accepted each
+/queue/...      each request takes 50 ms per request in flight when it arrives (a server whose
+                latency grows with load)
+
+`--die-after N`: the process exits (as a crashed server) when its Nth chat request arrives.
 """
 
 from __future__ import annotations
@@ -13,14 +22,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+from typing import Any
 
 from aiohttp import web
 from dflash_ops.bench.fake_server import make_app
 
 
+async def stream_tokens(
+    request: web.Request, tokens: int, usage: bool = True
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b'data: {"choices":[{"delta":{"content":"tok "}}]}\n\n' * tokens)
+    if usage:
+        tail = {"usage": {"completion_tokens": tokens, "prompt_tokens": 3}}
+        await response.write(f"data: {json.dumps(tail)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
 def scripted() -> web.Application:
     app = web.Application()
     drafts = {"count": 0}
+    restarting = {"served": 0, "since_start": 0}
+    queue = {"in_flight": 0}
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -78,14 +104,82 @@ def scripted() -> web.Application:
     app.router.add_get("/other/v1/models", models)
     app.router.add_post("/other/v1/chat/completions", other_chat)
     app.add_subapp("/good", make_app(speculative=False))
+
+    async def hang_chat(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        return web.Response(status=500)
+
+    async def no_usage_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        return await stream_tokens(request, int(body.get("max_tokens", 4)), usage=False)
+
+    async def restarting_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        restarting["served"] += 1
+        if restarting["served"] == 6:
+            restarting["since_start"] = 0
+        restarting["since_start"] += 1
+        return await stream_tokens(request, int(body.get("max_tokens", 4)))
+
+    async def restarting_metrics(request: web.Request) -> web.Response:
+        n = float(restarting["since_start"])
+        labels = 'engine="0",model_name="fake"'
+        return web.Response(
+            text=f"vllm:generation_tokens_total{{{labels}}} {n * 40}\n"
+            f"vllm:spec_decode_num_drafts_total{{{labels}}} {n * 10}\n"
+            f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {n * 30}\n"
+            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {n * 15}\n"
+        )
+
+    async def queue_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        queue["in_flight"] += 1
+        try:
+            await asyncio.sleep(0.05 * queue["in_flight"])
+            return await stream_tokens(request, int(body.get("max_tokens", 4)))
+        finally:
+            queue["in_flight"] -= 1
+
+    for prefix, chat in (
+        ("/hang", hang_chat),
+        ("/no-usage", no_usage_chat),
+        ("/restarting", restarting_chat),
+        ("/queue", queue_chat),
+    ):
+        app.router.add_get(f"{prefix}/v1/models", models)
+        app.router.add_get(f"{prefix}/health", health)
+        app.router.add_post(f"{prefix}/v1/chat/completions", chat)
+    app.router.add_get("/restarting/metrics", restarting_metrics)
+    return app
+
+
+def dying(after: int) -> web.Application:
+    """The instant server, which exits when its `after`-th chat request arrives."""
+    app = make_app()
+    chats = {"count": 0}
+
+    @web.middleware
+    async def crash(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/v1/chat/completions":
+            chats["count"] += 1
+            if chats["count"] >= after:
+                os._exit(1)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app.middlewares.append(crash)
     return app
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--die-after", type=int)
     args = parser.parse_args()
-    web.run_app(scripted(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    app = dying(args.die_after) if args.die_after else scripted()
+    web.run_app(
+        app, host="127.0.0.1", port=args.port, print=None, access_log=None, shutdown_timeout=1
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dflash_ops.bench import report
 from dflash_ops.bench.client import Endpoint, check_base_url
 from dflash_ops.bench.prompts import build
 from dflash_ops.bench.results import BenchResult, BenchSettings, Percentiles, Spread
+from dflash_ops.bench.run_directory import RunDirectory
 from dflash_ops.bench.runner import Level, check_lossless, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import free_port
@@ -159,12 +160,24 @@ def test_lossless_check_is_never_vacuous(instant_server: str, scripted_server: s
     assert "at concurrency 4: first differing token at 0" in mismatch.mismatches[-1]  # type: ignore[attr-defined]
 
 
-def test_compare_puts_two_runs_side_by_side(instant_server: str) -> None:
-    a = asyncio.run(run_bench(instant_server, "fake", [Level(concurrency=1)], settings(repeats=1)))
-    table = report.compare(a, a, "mtp3", "dflash2")
-    assert "| output tok/s (mean) | concurrency 1 |" in table and "1.00x" in table
-    b = a.model_copy(update={"levels": []})
-    assert report.compare(a, b, "a", "b") == "the two runs share no load level\n"
+def test_compare_puts_runs_side_by_side_with_ratios_to_the_first(instant_server: str) -> None:
+    a = asyncio.run(
+        run_bench(instant_server, "fake", [Level(concurrency=1), Level(concurrency=2)], settings())
+    )
+    slower = a.model_copy(deep=True)
+    for level in slower.levels:
+        level.output_tokens_per_s.mean /= 2
+    only_one = a.model_copy(update={"levels": a.levels[1:]})
+    table = report.compare([("mtp3", a), ("dflash2", slower), ("off", only_one)])
+    header, _, *rows = table.splitlines()
+    assert header == "| metric | level | mtp3 | dflash2 | off | dflash2 / mtp3 | off / mtp3 |"
+    # Only the level all three share, every metric a row, each run's ratio to the first.
+    assert {row.split(" | ")[1] for row in rows} == {"concurrency 2"}
+    throughput = next(row for row in rows if row.startswith("| output tok/s"))
+    assert throughput.endswith("| 0.50x | 1.00x |")
+    assert any(row.startswith("| TPOT p99 ms") for row in rows)
+    with pytest.raises(ValueError, match="share no load level"):
+        report.compare([("a", a), ("b", a.model_copy(update={"levels": []}))])
 
 
 def test_spread_and_percentiles() -> None:
@@ -172,7 +185,13 @@ def test_spread_and_percentiles() -> None:
     assert (spread.mean, spread.min, spread.max, spread.runs) == (12.0, 10.0, 14.0, 3)
     assert spread.stdev == pytest.approx(2.0)
     p = Percentiles.of_seconds([i / 1000 for i in range(1, 101)])
-    assert p is not None and (p.p50, p.p90, p.p99, p.count) == (50, 90, 99, 100)
+    assert p is not None and p.count == 100
+    assert (p.p50, p.p90, p.p99) == pytest.approx((50.5, 90.1, 99.01))
+    # p99 of 20 samples lies between the two largest, not on the largest (nearest rank).
+    few = Percentiles.of_seconds([i / 1000 for i in range(1, 21)])
+    assert few is not None and few.p99 == pytest.approx(19.81) and few.count == 20
+    one = Percentiles.of_seconds([0.005])
+    assert one is not None and one.p50 == one.p99 == 5
     assert Percentiles.of_seconds([]) is None
 
 
@@ -187,11 +206,93 @@ def test_prompt_sets() -> None:
     systems = {p.messages[0]["content"] for p in shared}
     assert len(systems) == 1 and len(next(iter(systems)).split()) > 100
     assert len({p.messages[1]["content"] for p in shared}) == 4
+    groups = build("shared-prefix", 7, input_len=50, prefix_groups=3)
+    by_group = [p.messages[0]["content"] for p in groups]
+    assert len(set(by_group)) == 3 and by_group[:3] == by_group[3:6] == [
+        by_group[6],
+        *by_group[1:3],
+    ]
+    assert [p.id.split("-")[1] for p in groups] == ["0", "1", "2", "0", "1", "2", "0"]
 
 
-def test_results_json_is_what_the_report_writes(instant_server: str, tmp_path: Path) -> None:
-    result = asyncio.run(run_bench(instant_server, "fake", [Level(concurrency=2)], settings()))
-    paths = report.write(result, tmp_path)
-    assert [p.name for p in paths] == ["results.json", "results.md", "acceptance.png"]
-    assert json.loads(paths[0].read_text())["levels"][0]["concurrency"] == 2
-    assert paths[2].read_bytes()[:4] == b"\x89PNG"
+def test_the_run_directory_holds_every_request_and_the_last_result(
+    instant_server: str, tmp_path: Path
+) -> None:
+    directory = RunDirectory(tmp_path)
+    seen: list[str] = []
+
+    def save(result: BenchResult) -> None:
+        seen.append(result.status)
+        directory.save(result)
+
+    result = asyncio.run(
+        run_bench(
+            instant_server, "fake", [Level(concurrency=2)], settings(), on_result=save,
+            on_record=directory.record,
+        )
+    )  # fmt: skip
+    directory.close()
+    # Written while it ran (after each pass and level), then once complete.
+    assert seen[0] == "running" and seen[-1] == "complete" and len(seen) >= 4
+    assert [p.name for p in directory.paths()] == [
+        "results.json", "results.md", "acceptance.png", "requests.jsonl"
+    ]  # fmt: skip
+    assert BenchResult.model_validate_json(directory.results_path.read_text()) == result
+    assert directory.plot_path.read_bytes()[:4] == b"\x89PNG"
+    lines = [json.loads(x) for x in directory.requests_path.read_text().splitlines()]
+    assert len(lines) == 24 and {line["run"] for line in lines} == {1, 2}
+    assert all(line["ok"] and line["output_tokens"] == 16 for line in lines)
+    assert all(len(line["chunk_times_ms"]) == 16 for line in lines)
+    assert all(line["ttft_ms"] == line["chunk_times_ms"][0] for line in lines)
+
+
+def test_goodput_counts_requests_meeting_every_objective(scripted_server: str) -> None:
+    # /slow streams a token every 50 ms: TTFT ~50 ms, TPOT ~50 ms.
+    lenient = asyncio.run(
+        run_bench(
+            f"{scripted_server}/slow", "fake", [Level(concurrency=2)],
+            settings(num_requests=4, repeats=1, warmup=0, max_tokens=4,
+                     goodput={"ttft": 5000.0, "tpot": 5000.0}),
+        )
+    )  # fmt: skip
+    level = lenient.levels[0]
+    assert level.slo_attainment == 1.0 and level.runs[0].good_requests == 4
+    assert level.goodput_requests_per_s is not None
+    assert level.goodput_requests_per_s.mean == pytest.approx(level.requests_per_s.mean)
+    strict = asyncio.run(
+        run_bench(
+            f"{scripted_server}/slow", "fake", [Level(concurrency=2)],
+            settings(num_requests=4, repeats=1, warmup=0, max_tokens=4,
+                     goodput={"ttft": 5000.0, "tpot": 10.0}),
+        )
+    )  # fmt: skip
+    assert strict.levels[0].slo_attainment == 0.0
+    assert strict.levels[0].goodput_requests_per_s.mean == 0.0  # type: ignore[union-attr]
+    assert "tpot <= 10 ms" in report.markdown(strict)
+
+
+def test_compare_cli_needs_a_common_level_and_two_runs(instant_server: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    a = asyncio.run(run_bench(instant_server, "fake", [Level(concurrency=1)], settings(repeats=1)))
+    b = asyncio.run(run_bench(instant_server, "fake", [Level(concurrency=2)], settings(repeats=1)))
+    for name, result in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(result.model_dump_json())
+
+    def compare(*runs: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dflash_ops.cli", "bench", "compare", *runs],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    disjoint = compare(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert disjoint.returncode == 2
+    assert "share no load level (a: concurrency 1; b: concurrency 2)" in disjoint.stderr
+    alone = compare(str(tmp_path / "a"))
+    assert alone.returncode == 2 and "at least two runs" in alone.stderr
+    same = compare(str(tmp_path / "a"), str(tmp_path / "a" / "results.json"))
+    assert same.returncode == 0 and "| output tok/s (mean) | concurrency 1 |" in same.stdout

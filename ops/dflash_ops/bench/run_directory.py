@@ -1,0 +1,172 @@
+"""The output folder of a run, written while the run goes on so nothing measured is lost:
+
+- `requests.jsonl`: one line per request as it completes (level, run, prompt id, TTFT, the time
+  of every streamed chunk, output tokens and how they were counted, the error if any);
+- `results.json` and `results.md`: rewritten after every pass and level, atomically (a reader
+  never sees half a file), with `status` running / complete / interrupted / failed;
+- `acceptance.png`: drawn once, when the run ends.
+
+The folder is touched only once the run has something to write: a run that cannot reach its
+server leaves the previous run's files in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from dflash_ops.bench import report
+from dflash_ops.bench.client import RequestRecord
+from dflash_ops.bench.prompts import Prompt
+from dflash_ops.bench.results import BenchResult, BenchSettings
+from dflash_ops.bench.runner import Level, LevelPlan, run_bench
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def request_line(label: str, run: int, record: RequestRecord, origin: float) -> dict[str, Any]:
+    """The per-request record; times in ms, `start_ms` from the beginning of the run."""
+    return {
+        "level": label,
+        "run": run,
+        "prompt_id": record.prompt_id,
+        "ok": record.ok,
+        "start_ms": _ms(record.start - origin),
+        "ttft_ms": _ms(record.ttft_s),
+        "tpot_ms": _ms(record.tpot_s),
+        "e2e_ms": _ms(record.latency_s),
+        "output_tokens": record.output_tokens,
+        "prompt_tokens": record.prompt_tokens,
+        "token_count_source": record.token_count_source,
+        "chunk_times_ms": [round(t * 1000, 3) for t in record.chunk_times_s],
+        "error": record.error,
+        "error_kind": record.error_kind,
+    }
+
+
+class RunDirectory:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.requests_path = out / "requests.jsonl"
+        self.results_path = out / "results.json"
+        self.markdown_path = out / "results.md"
+        self.plot_path = out / "acceptance.png"
+        self._requests: TextIO | None = None
+        self.origin = time.perf_counter()
+
+    def _start(self) -> TextIO:
+        if self._requests is None:
+            # Files of an earlier run into the same folder must not pass for this run's.
+            for stale in (self.results_path, self.markdown_path, self.plot_path):
+                stale.unlink(missing_ok=True)
+            self._requests = self.requests_path.open("w", encoding="utf-8")
+        return self._requests
+
+    def record(self, label: str, run: int, record: RequestRecord) -> None:
+        requests = self._start()
+        line = request_line(label, run, record, self.origin)
+        requests.write(json.dumps(line, separators=(",", ":")) + "\n")
+        requests.flush()
+
+    def save(self, result: BenchResult) -> None:
+        """results.json and results.md as of now; the plot too once the run has ended."""
+        self._start()
+        save_json(self.results_path, result.model_dump_json(indent=2))
+        _replace(self.markdown_path, report.markdown(result))
+        if result.status != "running":
+            report.plot(result, self.plot_path)
+
+    def paths(self) -> list[Path]:
+        return RunDirectory.existing(self.out)
+
+    @staticmethod
+    def existing(out: Path) -> list[Path]:
+        names = ("results.json", "results.md", "acceptance.png", "requests.jsonl")
+        return [out / name for name in names if (out / name).exists()]
+
+    def close(self) -> None:
+        if self._requests is not None:
+            self._requests.close()
+
+
+def save_json(path: Path, text: str) -> None:
+    _replace(path, text)
+
+
+def _replace(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+class BenchInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the run; what it measured is written. `code`: 128 + signal."""
+
+    def __init__(self, code: int, paths: list[Path]) -> None:
+        super().__init__(code)
+        self.code, self.paths = code, paths
+
+
+def run_into(
+    out: Path,
+    base_url: str,
+    model: str | None,
+    levels: list[Level] | LevelPlan,
+    settings: BenchSettings,
+    *,
+    reference_url: str | None = None,
+    reference_model: str | None = None,
+    lossless_concurrency: tuple[int, ...] = (1, 4),
+    api_key: str | None = None,
+    prompts: list[Prompt] | None = None,
+    token_counter: Callable[[str], int] | None = None,
+) -> BenchResult:
+    """Run the benchmark, writing `out` as it goes. Ctrl-C and SIGTERM stop it with what was
+    measured written (BenchInterrupted); a run that stopped early raises runner.BenchStopped."""
+    directory = RunDirectory(out)
+    signals: list[int] = []
+
+    async def main() -> BenchResult:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop(signum: int) -> None:
+            signals.append(signum)
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
+        try:
+            return await run_bench(
+                base_url,
+                model,
+                levels,
+                settings,
+                reference_url=reference_url,
+                reference_model=reference_model,
+                lossless_concurrency=lossless_concurrency,
+                api_key=api_key,
+                prompts=prompts,
+                token_counter=token_counter,
+                on_result=directory.save,
+                on_record=directory.record,
+            )
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        code = 128 + (signals[0] if signals else signal.SIGINT)
+        raise BenchInterrupted(code, directory.paths()) from None
+    finally:
+        directory.close()
