@@ -40,6 +40,18 @@ def acceptance_ratios(
     )
 
 
+def acceptance_length_at(per_position: list[float], k: int) -> float:
+    """The mean acceptance length a draft of length k would reach, predicted from per-position
+    acceptance measured at a larger k: 1 + the first k position rates (a draft position's
+    acceptance does not depend on how many positions follow it)."""
+    return 1 + sum(per_position[:k])
+
+
+def smaller_k_acceptance_lengths(per_position: list[float]) -> dict[int, float]:
+    """acceptance_length_at for every k below the measured one."""
+    return {k: acceptance_length_at(per_position, k) for k in range(1, len(per_position))}
+
+
 def impossible_figures(
     drafts: float,
     draft_tokens: float,

@@ -34,6 +34,7 @@ from dflash_sidecar.acceptance_window import (
     SampleProblem,
     Snapshot,
     acceptance_ratios,
+    smaller_k_acceptance_lengths,
 )
 from dflash_sidecar.engine_state import EngineState, EngineStateTracker
 from dflash_sidecar.log_limiter import LogLimiter
@@ -508,6 +509,7 @@ class EngineMonitor:
             mean_acceptance_length=mal,
             draft_acceptance_rate=rate,
             per_position_acceptance=per_pos,
+            smaller_k_acceptance_length=smaller_k_acceptance_lengths(per_pos),
             output_tokens_per_s=delta.generation_tokens / delta.seconds,
             drafts_per_s=drafts / delta.seconds,
             verdict=verdict,

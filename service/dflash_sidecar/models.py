@@ -28,6 +28,11 @@ class WindowStats(BaseModel):
     mean_acceptance_length: float | None
     draft_acceptance_rate: float | None
     per_position_acceptance: list[float]
+    smaller_k_acceptance_length: dict[int, float] = Field(
+        default_factory=dict,
+        description="the mean acceptance length each smaller k would give, predicted from the "
+        "per-position acceptance: 1 + the first k position rates",
+    )
     output_tokens_per_s: float | None
     drafts_per_s: float | None
     verdict: Verdict

@@ -41,6 +41,13 @@ def draft_acceptance_rate(accepted: str, draft_tokens: str) -> str:
     return ratio(accepted, draft_tokens)
 
 
+def positions_below(k: int) -> str:
+    """The label matcher for draft positions 0..k-1: with mean_acceptance_length over the
+    accepted tokens at those positions, the acceptance length a draft of length k would give
+    (acceptance_window.acceptance_length_at)."""
+    return 'position=~"' + "|".join(str(i) for i in range(k)) + '"'
+
+
 def position_acceptance(accepted_per_pos: str, drafts: str, match: str = "") -> str:
     """accepted at position i / drafts, one series per position; `match` lists the labels both
     sides are matched on (empty: the drafts side is one series)."""

@@ -179,6 +179,8 @@ def test_a_page_cut_inside_the_per_position_lines_is_used_as_far_as_it_goes() ->
         assert_possible(monitor, float(t))
     after = monitor.stats(28.0).windows["1m"]
     assert after.per_position_acceptance == pytest.approx([0.8, 0.6, 0.4, 0.2])
+    # What k = 1, 2, 3 would give with this draft: 1 + the first k position rates.
+    assert after.smaller_k_acceptance_length == pytest.approx({1: 1.8, 2: 2.4, 3: 2.8})
 
 
 # -- faults a hostile or broken engine can produce (issue: numbers a user can trust) ----------

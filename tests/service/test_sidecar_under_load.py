@@ -127,8 +127,12 @@ def test_probes_answer_while_a_hostile_page_is_parsed(
     url, pid = sidecar
     engine.extra_page = page
     scrapes = counter(url, "dflash_scrapes_total")
+    # Probe for 8 s and until the page was read at least 4 times (longer on a busy machine).
     latencies = probe_latencies(url, 8.0)
-    assert counter(url, "dflash_scrapes_total") >= scrapes + 8  # the page is being read
+    give_up = time.monotonic() + 40
+    while counter(url, "dflash_scrapes_total") < scrapes + 4 and time.monotonic() < give_up:
+        latencies += probe_latencies(url, 2.0)
+    assert counter(url, "dflash_scrapes_total") >= scrapes + 4  # the page is being read
     slow = sorted(latencies)[-5:]
     assert max(latencies) < 1.0, f"probes blocked: slowest {slow}"
     print(f"RSS {rss_mib(pid):.0f} MiB")

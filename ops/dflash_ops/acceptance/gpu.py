@@ -151,6 +151,74 @@ class Engine:
         return str(self.log_path.read_text(errors="replace"))
 
 
+class EngineDeployer:
+    """`bench sweep`'s deployer on this GPU machine: one `vllm serve` per setting."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.engine: Engine | None = None
+
+    def apply(self, setting: Any) -> str:
+        self.finish()
+        draft = self.args.draft if setting.method == "dflash" else None
+        extra = speculative_config_args(setting.method, setting.k, draft) if setting.k else []
+        self.engine = Engine(self.args, setting.key, extra).__enter__()
+        return self.engine.url
+
+    def finish(self) -> None:
+        if self.engine is not None:
+            self.engine.__exit__(None, None, None)
+            self.engine = None
+
+
+REFERENCE_SETTINGS = [("mtp", 3), *(("dflash", k) for k in range(3, 8))]
+
+
+def reference_table(args: argparse.Namespace) -> int:
+    """The reference measurement through `bench sweep`: DFlash2 k 3..7 and MTP-3 at
+    concurrency 1 and 4, the 10 fixed prompts, greedy; printed in the reference's layout."""
+    from dflash_ops.bench.results import BenchSettings
+    from dflash_ops.bench.runner import Level
+    from dflash_ops.bench.sweep import SweepPlan, load_results, run_sweep
+    from dflash_ops.bench.sweep_analysis import table
+    from dflash_ops.bench.sweep_deployers import Setting
+
+    plan = SweepPlan(
+        settings=[Setting(k, method) for method, k in REFERENCE_SETTINGS],  # type: ignore[arg-type]
+        levels=[Level(concurrency=1), Level(concurrency=4)],
+        bench=BenchSettings(
+            prompt_set="fixed",
+            input_len=256,
+            max_tokens=256,
+            num_requests=10,
+            duration_s=None,
+            repeats=3,
+            warmup=2,
+            seed=0,
+            request_timeout_s=args.request_timeout,
+        ),
+        deployer="gpu-acceptance",
+    )
+    out = args.work / "reference-sweep"
+    analysis = run_sweep(out, plan, EngineDeployer(args), "model", None, None)
+    results = load_results(out, plan)
+    print("| setting | block | concurrency | mean acceptance length | output tok/s |")
+    print("|---|---:|---:|---:|---:|")
+    for setting in plan.settings:
+        name = "MTP-3" if setting.method == "mtp" else "DFlash2"
+        for level in results[setting].levels:
+            spec = level.spec_decode
+            mal = spec.mean_acceptance_length if spec and spec.mean_acceptance_length else None
+            print(
+                f"| {name} | {setting.k + 1} | {level.concurrency} | "
+                f"{'n/a' if mal is None else f'{mal:.2f}'} | "
+                f"{level.output_tokens_per_s.mean:.1f} ± {level.output_tokens_per_s.stdev:.1f} |"
+            )
+    print()
+    print(table(analysis))
+    return 0
+
+
 def bench(engine: Engine, args: argparse.Namespace, name: str, *extra: str) -> Any:
     out = args.work / f"bench-{name}"
     argv = [
@@ -236,8 +304,16 @@ def main() -> int:
     parser.add_argument("--request-timeout", type=float, default=600)
     parser.add_argument("--work", type=Path, default=Path("gpu-acceptance"))
     parser.add_argument("--dry-run", action="store_true", help="print the plan and commands")
+    parser.add_argument(
+        "--reference-table",
+        action="store_true",
+        help="only reproduce the reference table (DFlash2 k 3..7 and MTP-3 at concurrency 1 "
+        "and 4) through bench sweep; resumable in WORK/reference-sweep",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.reference_table and not args.dry_run:
+        return reference_table(args)
     report = Report()
     config_path = Path(args.model) / "config.json"
     plan_argv = [

@@ -21,13 +21,14 @@ MODEL = "fake"
 
 
 class Counters:
-    def __init__(self) -> None:
+    def __init__(self, model: str = MODEL) -> None:
         self.requests = 0
         self.tokens = 0
+        self.model = model
 
     def page(self) -> str:
         drafts = self.tokens // 4
-        labels = f'engine="0",model_name="{MODEL}"'
+        labels = f'engine="0",model_name="{self.model}"'
         per_pos = [int(drafts * p) for p in (0.8, 0.6, 0.4)]
         lines = [
             f"vllm:num_requests_running{{{labels}}} 0.0",
@@ -48,12 +49,12 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
 
 
-def make_app(speculative: bool = True) -> web.Application:
+def make_app(speculative: bool = True, model: str = MODEL) -> web.Application:
     """The instant server; `speculative=False` exports no spec_decode counters (a reference)."""
-    counters = Counters()
+    counters = Counters(model)
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -77,7 +78,7 @@ def make_app(speculative: bool = True) -> web.Application:
                     "id": f"chatcmpl-{counters.requests}",
                     "object": "chat.completion",
                     "created": created,
-                    "model": MODEL,
+                    "model": model,
                     "choices": [
                         {
                             "index": 0,
@@ -93,7 +94,7 @@ def make_app(speculative: bool = True) -> web.Application:
         await response.prepare(request)
         head = (
             f'data: {{"id":"chatcmpl-{counters.requests}","object":"chat.completion.chunk",'
-            f'"created":{created},"model":"{MODEL}","choices":[{{"index":0,"delta":'
+            f'"created":{created},"model":"{model}","choices":[{{"index":0,"delta":'
         ).encode()
         chunk = head + b'{"content":"tok "},"finish_reason":null}]}\n\n'
         batch = 16
@@ -103,7 +104,7 @@ def make_app(speculative: bool = True) -> web.Application:
             "id": f"chatcmpl-{counters.requests}",
             "object": "chat.completion.chunk",
             "created": created,
-            "model": MODEL,
+            "model": model,
             "choices": [],
             "usage": usage,
         }
@@ -123,8 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--served-model-name", default=MODEL)
     args = parser.parse_args(argv)
-    web.run_app(make_app(), host=args.host, port=args.port, print=None, access_log=None)
+    app = make_app(model=args.served_model_name)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -107,39 +107,57 @@ def markdown(result: BenchResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_groups(result: BenchResult, tolerance: float = 0.02) -> list[tuple[str, list[float]]]:
+    """Per-position curves with the levels that share one merged into one label: greedy
+    decoding gives the same curve at every concurrency, drawn once, not once per level."""
+    groups: list[tuple[list[str], list[float]]] = []
+    for level in result.levels:
+        spec = level.spec_decode
+        if not spec or not spec.per_position_acceptance:
+            continue
+        curve = spec.per_position_acceptance
+        for labels, seen in groups:
+            if len(seen) == len(curve) and all(
+                abs(a - b) <= tolerance for a, b in zip(seen, curve, strict=True)
+            ):
+                labels.append(level.label)
+                break
+        else:
+            groups.append(([level.label], curve))
+    return [(" = ".join(labels), curve) for labels, curve in groups]
+
+
 def plot(result: BenchResult, path: Path) -> None:
+    """Per-position acceptance (one curve per distinct curve) beside throughput per level."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    plotted = False
-    for level in result.levels:
-        spec = level.spec_decode
-        if spec and spec.per_position_acceptance:
-            positions = range(len(spec.per_position_acceptance))
-            ax.plot(
-                positions,
-                spec.per_position_acceptance,
-                marker="o",
-                label=f"{level.label} (mean acceptance length {_fmt(spec.mean_acceptance_length)})",
-            )
-            plotted = True
-    widest = max(
-        (len(lv.spec_decode.per_position_acceptance) for lv in result.levels if lv.spec_decode),
-        default=0,
-    )
+    fig, (ax, tput) = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
+    groups = curve_groups(result)
+    for label, curve in groups:
+        ax.plot(range(len(curve)), curve, marker="o", label=label)
+    widest = max((len(curve) for _, curve in groups), default=0)
     ax.set_xticks(range(widest))
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafts")
     ax.set_ylim(0, 1.05)
     ax.set_title(f"Per-position acceptance: {result.model}")
-    if plotted:
-        ax.legend()
+    if groups:
+        ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no speculative-decoding counters", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
+    labels = [level.label for level in result.levels]
+    means = [level.output_tokens_per_s.mean for level in result.levels]
+    spread = [level.output_tokens_per_s.stdev for level in result.levels]
+    tput.bar(range(len(labels)), means, yerr=spread, capsize=4, color="tab:blue")
+    tput.set_xticks(range(len(labels)))
+    tput.set_xticklabels(labels, rotation=15, fontsize=8)
+    tput.set_ylabel("output tokens/s (mean ± stdev)")
+    tput.set_title("Throughput per level")
+    tput.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

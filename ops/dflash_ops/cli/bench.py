@@ -12,6 +12,7 @@ from dflash_ops.bench.prompts import FILE_SETS, PROMPT_SETS
 from dflash_ops.bench.results import DEFAULT_REQUEST_TIMEOUT_S
 from dflash_ops.bench.slo import parse as slo_objectives
 from dflash_ops.cli import bench_job as job
+from dflash_ops.cli import bench_sweep as sweep
 from dflash_ops.cli.arguments import http_url, number, number_list
 from dflash_ops.errors import UserError
 
@@ -133,7 +134,8 @@ def register(subparsers: Any) -> None:
             "acceptance rate and per-position acceptance from the engine's /metrics deltas. "
             "Writes OUT/results.json, OUT/results.md, OUT/requests.jsonl and OUT/acceptance.png "
             "as it goes: an interrupted or failed run keeps what it measured. Subcommands: "
-            "search (the highest load meeting an SLO), compare (runs side by side), job (the "
+            "search (the highest load meeting an SLO), sweep (method x k x load, with a "
+            "recommendation), compare (runs side by side), job (the "
             "benchmark as a Kubernetes Job), sidecar (the sidecar's scrape cost), client (this "
             "client's own ceiling)."
         ),
@@ -179,7 +181,7 @@ def register(subparsers: Any) -> None:
     )
     parser.set_defaults(handler=run)
     actions = parser.add_subparsers(
-        dest="bench_action", metavar="{search,compare,job,sidecar,client}"
+        dest="bench_action", metavar="{search,sweep,compare,job,sidecar,client}"
     )
     search = actions.add_parser(
         "search",
@@ -228,6 +230,7 @@ def register(subparsers: Any) -> None:
     )
     compare.set_defaults(handler=run_compare)
     job.register(actions)
+    sweep.register(actions, _add_workload_flags, MAX_CONCURRENCY)
     sidecar = actions.add_parser(
         "sidecar",
         help="cost of one sidecar scrape cycle on a ~3,000-line exposition, and memory over a day",
@@ -360,9 +363,8 @@ def _guarded(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> Bench
         return 1
 
 
-def run(args: argparse.Namespace) -> int:
-    _needs_bench_extra()
-    from dflash_ops.bench.run_directory import RunDirectory
+def load_levels(args: argparse.Namespace) -> list[Level]:
+    """--concurrency or --request-rate (with --max-concurrency) as levels; default 1,4."""
     from dflash_ops.bench.runner import Level
 
     if args.max_concurrency and not args.request_rate:
@@ -373,6 +375,14 @@ def run(args: argparse.Namespace) -> int:
         ]
     else:
         levels = [Level(concurrency=c) for c in (args.concurrency or [1, 4])]
+    return levels
+
+
+def run(args: argparse.Namespace) -> int:
+    _needs_bench_extra()
+    from dflash_ops.bench.run_directory import RunDirectory
+
+    levels = load_levels(args)
     outcome = _guarded(args, levels)
     if isinstance(outcome, int):
         return outcome

@@ -23,6 +23,7 @@ from dflash_sidecar.vllm_metrics import (
     draft_acceptance_rate,
     mean_acceptance_length,
     position_acceptance,
+    positions_below,
     ratio,
     sample_name,
 )
@@ -229,6 +230,25 @@ def speculative_decoding() -> dict[str, Any]:
         [(per_pos, "{{position}}")],
         kind="heatmap",
         options={"calculate": False, "yAxis": {"unit": "none"}, "color": {"scheme": "Viridis"}},
+    )
+    b.panel(
+        "Acceptance length a smaller k would give",
+        "Predicted from the per-position acceptance of the running draft: 1 + the accepted "
+        "tokens at the first k positions per draft. A line at or above the running k shows the "
+        "measured mean acceptance length (there are no further positions). If a smaller k "
+        "keeps most of it, it costs fewer KV blocks per request: see README, Choosing k.",
+        "none",
+        [
+            (
+                mean_acceptance_length(
+                    rate(sample_name(ACCEPTED_PER_POS), sel=f"{SEL}, {positions_below(k)}"),
+                    drafts,
+                ),
+                f"k={k}",
+            )
+            for k in range(1, 8)
+        ],
+        defaults={"min": 1, "mappings": NO_TRAFFIC},
     )
     b.panel(
         "Accepted vs rejected draft tokens",

@@ -51,3 +51,43 @@ def test_sync_check_every_gpu_claim_has_a_check() -> None:
         "DFlash2 vs MTP-3 at c=1",
     ):
         assert f'"{claim}' in source, claim
+
+
+def test_reference_table_runs_the_sweep_with_one_engine_per_setting(tmp_path: Path) -> None:
+    """--reference-table through bench sweep, with a stand-in `vllm` that serves the instant
+    fake server: every setting gets its own engine with its own speculative config."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "vllm-calls.jsonl"
+    (bin_dir / "vllm").write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys, os\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "port = sys.argv[sys.argv.index('--port') + 1]\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'dflash_ops.bench.fake_server',\n"
+        "         '--port', port, '--served-model-name', 'model'])\n"
+    )
+    (bin_dir / "vllm").chmod(0o755)
+    from dflash_ops.loopback import free_port
+
+    env = {**__import__("os").environ, "PATH": f"{bin_dir}:{__import__('os').environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.acceptance.gpu", "--model", str(tmp_path),
+         "--draft", "d2", "--reference-table", "--work", str(tmp_path / "work"),
+         "--port", str(free_port())],
+        capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| MTP-3", "| DFlash2"))]
+    assert [tuple(r.split(" | ")[:3]) for r in rows] == [
+        (f"| {name}", str(k + 1), str(c))
+        for name, k in [("MTP-3", 3)] + [("DFlash2", k) for k in range(3, 8)]
+        for c in (1, 4)
+    ]
+    engines = [json.loads(line) for line in calls.read_text().splitlines()]
+    configs = [json.loads(argv[argv.index("--speculative-config") + 1]) for argv in engines]
+    assert [(c["method"], c["num_speculative_tokens"]) for c in configs] == [
+        ("mtp", 3),
+        *(("dflash", k) for k in range(3, 8)),
+    ]
+    assert all(c.get("model") == "d2" for c in configs if c["method"] == "dflash")

@@ -296,3 +296,16 @@ def test_compare_cli_needs_a_common_level_and_two_runs(instant_server: str, tmp_
     assert alone.returncode == 2 and "at least two runs" in alone.stderr
     same = compare(str(tmp_path / "a"), str(tmp_path / "a" / "results.json"))
     assert same.returncode == 0 and "| output tok/s (mean) | concurrency 1 |" in same.stdout
+
+
+def test_identical_greedy_curves_are_drawn_once(instant_server: str) -> None:
+    result = asyncio.run(
+        run_bench(instant_server, "fake", [Level(concurrency=1), Level(concurrency=2)], settings())
+    )
+    # The instant server's acceptance is the same at every load, as greedy decoding's is.
+    groups = report.curve_groups(result)
+    assert [label for label, _ in groups] == ["concurrency 1 = concurrency 2"]
+    other = result.model_copy(deep=True)
+    assert other.levels[1].spec_decode is not None
+    other.levels[1].spec_decode.per_position_acceptance = [0.5, 0.3, 0.1]
+    assert [label for label, _ in report.curve_groups(other)] == ["concurrency 1", "concurrency 2"]

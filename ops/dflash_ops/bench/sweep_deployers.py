@@ -1,0 +1,205 @@
+"""How a sweep brings an engine up with one speculative setting, and puts things back after.
+
+- `LocalDeployer`: the local stack (vLLM CPU engine) in the sweep's own state directory and
+  ports, restarted for each setting; never a stack the user already runs there.
+- `HelmDeployer`: `helm upgrade --reuse-values --set ...` of an installed release for each
+  setting, waiting for the rollout with the chart's own readiness (`--wait`), then benchmarking
+  through a given base URL; the release's original values are saved first and restored at the
+  end, on failure and on Ctrl-C. On a GPU cluster every setting costs a pod restart and a model
+  load (minutes for this model).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import yaml
+
+from dflash_ops.errors import UserError
+
+SweepMethod = Literal["dflash", "mtp", "ngram", "draft_model", "off"]
+LOCAL_METHODS: tuple[SweepMethod, ...] = ("draft_model", "ngram")
+HELM_METHODS: tuple[SweepMethod, ...] = ("dflash", "mtp", "ngram")
+SWEEP_MARKER = "sweep-owned"
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """One point of the sweep's method axis: k = 0 is speculation off."""
+
+    k: int
+    method: SweepMethod
+
+    @property
+    def key(self) -> str:
+        return "off" if self.k == 0 else f"{self.method}-k{self.k}"
+
+    @property
+    def chart_method(self) -> str:
+        """The chart's speculative.method (the CPU stand-in draft model stands for DFlash)."""
+        if self.k == 0:
+            return "off"
+        return "dflash" if self.method == "draft_model" else self.method
+
+
+class Deployer(Protocol):
+    def apply(self, setting: Setting) -> str:
+        """Bring the engine up with `setting`; the base URL to benchmark once it is ready."""
+        ...
+
+    def finish(self) -> None:
+        """Put back what the sweep changed (idempotent)."""
+        ...
+
+
+def say(message: str) -> None:
+    print(f"==> sweep: {message}", file=sys.stderr, flush=True)
+
+
+def wait_until_serving(base_url: str, timeout_s: float, headers: dict[str, str]) -> None:
+    """/v1/models answers 200: the rollout is done and traffic reaches the new engine."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(base_url + "/v1/models", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                if reply.status == 200:
+                    return
+                last = f"HTTP {reply.status}"
+        except urllib.error.HTTPError as err:
+            last = f"HTTP {err.code}"
+        except OSError as err:
+            last = str(err)
+        time.sleep(2)
+    raise UserError(f"{base_url}/v1/models did not answer 200 within {timeout_s:g} s ({last})")
+
+
+class LocalDeployer:
+    def __init__(
+        self,
+        state_dir: Path,
+        engine_port: int,
+        sidecar_port: int,
+        enforce_eager: bool = False,
+        engine_timeout_s: float = 600.0,
+    ) -> None:
+        from dflash_ops.local import stack
+
+        self.state_dir = state_dir
+        self.engine_port, self.sidecar_port = engine_port, sidecar_port
+        self.enforce_eager, self.engine_timeout_s = enforce_eager, engine_timeout_s
+        running = stack.load_state(state_dir)
+        if running is not None and not (state_dir / SWEEP_MARKER).is_file():
+            raise UserError(
+                f"a local stack this sweep did not start runs in {state_dir} "
+                f"(see dflash-serve local status --state-dir {state_dir}); give the sweep its own "
+                "--state-dir"
+            )
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / SWEEP_MARKER).write_text("run by dflash-serve bench sweep\n")
+
+    def apply(self, setting: Setting) -> str:
+        from dflash_ops.local import stack
+
+        stack.down(self.state_dir, quiet=True)
+        method = "off" if setting.k == 0 else setting.method
+        say(f"{setting.key}: starting the local stack in {self.state_dir}")
+        config = stack.StackConfig(
+            state_dir=self.state_dir,
+            engine_port=self.engine_port,
+            sidecar_port=self.sidecar_port,
+            method=method,  # type: ignore[arg-type]
+            num_speculative_tokens=max(1, setting.k),
+            prometheus=False,
+            engine_timeout_s=self.engine_timeout_s,
+            enforce_eager=self.enforce_eager,
+        )
+        state = stack.up(config)
+        return next(p.url for p in state.processes if p.name == "engine")
+
+    def finish(self) -> None:
+        from dflash_ops.local import stack
+
+        stack.down(self.state_dir, quiet=True)
+
+
+class HelmDeployer:
+    def __init__(
+        self,
+        release: str,
+        namespace: str,
+        chart: str,
+        base_url: str,
+        out: Path,
+        timeout_s: float,
+        helm: str,
+        api_key: str | None = None,
+    ) -> None:
+        self.release, self.namespace, self.chart = release, namespace, chart
+        self.base_url, self.timeout_s, self.helm = base_url, timeout_s, helm
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Saved once: a resumed sweep must restore the values from before the first sweep.
+        self.original = out / "helm-original-values.yaml"
+        # A sweep that was stopped before it could restore left the release changed.
+        self.changed = self.original.is_file()
+        if not self.original.is_file():
+            values = self._helm("get", "values", release, "--namespace", namespace, "-o", "yaml")
+            parsed = yaml.safe_load(values) or {}
+            if not isinstance(parsed, dict):
+                raise UserError(
+                    f"helm get values {release} did not print a mapping: {values[:200]!r}"
+                )
+            self.original.write_text(yaml.safe_dump(parsed, sort_keys=False))
+
+    def _helm(self, *args: str) -> str:
+        try:
+            done = subprocess.run(
+                [self.helm, *args], capture_output=True, text=True, timeout=self.timeout_s + 60
+            )
+        except FileNotFoundError:
+            raise UserError(f"helm not found at {self.helm}: install helm 3.x or 4.x") from None
+        except subprocess.TimeoutExpired:
+            raise UserError(
+                f"helm {args[0]} {self.release} took over {self.timeout_s:g} s"
+            ) from None
+        if done.returncode != 0:
+            raise UserError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()[-600:]}")
+        return done.stdout
+
+    def upgrade_args(self, setting: Setting) -> list[str]:
+        sets = [f"speculative.method={setting.chart_method}", "engine.blockSize=auto"]
+        if setting.k:
+            sets.append(f"speculative.numSpeculativeTokens={setting.k}")
+        args = ["upgrade", self.release, self.chart, "--namespace", self.namespace]
+        args.append("--reuse-values")
+        for item in sets:
+            args += ["--set", item]
+        return [*args, "--wait", "--timeout", f"{int(self.timeout_s)}s"]
+
+    def restore_args(self) -> list[str]:
+        return [
+            "upgrade", self.release, self.chart, "--namespace", self.namespace, "--reset-values",
+            "--values", str(self.original), "--wait", "--timeout", f"{int(self.timeout_s)}s",
+        ]  # fmt: skip
+
+    def apply(self, setting: Setting) -> str:
+        say(f"{setting.key}: helm upgrade {self.release} (a rollout and a model load)")
+        self.changed = True
+        self._helm(*self.upgrade_args(setting))
+        wait_until_serving(self.base_url, self.timeout_s, self.headers)
+        return self.base_url
+
+    def finish(self) -> None:
+        if not self.changed:
+            return
+        say(f"restoring the values {self.release} had before the sweep ({self.original})")
+        self._helm(*self.restore_args())
+        self.changed = False

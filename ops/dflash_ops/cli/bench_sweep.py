@@ -1,0 +1,195 @@
+"""`dflash-serve bench sweep`: method x k x load, with a recommendation and pictures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from dflash_ops.cli.arguments import http_url, kubernetes_name, number, number_list
+from dflash_ops.errors import UserError
+
+METHODS = ("dflash", "mtp", "ngram", "draft_model", "off")
+
+
+def method_list(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected methods from {', '.join(METHODS)}, e.g. dflash,mtp"
+        )
+    return methods
+
+
+def register(actions: Any, add_workload_flags: Any, max_concurrency: int) -> None:
+    sweep = actions.add_parser(
+        "sweep",
+        help="sweep method x k x concurrency, recommend a setting, draw the pictures",
+        description=(
+            "For each speculative setting (--method x --k; k 0 is speculation off) the deployer "
+            "brings an engine up with it, then the same benchmark as `bench` runs at every "
+            "--concurrency (or --request-rate). Resumable: run the same command again after an "
+            "interruption. Writes OUT/sweep.md, OUT/sweep-results.json (figures, the "
+            "recommendation, predicted vs measured acceptance), OUT/recommended-values.yaml "
+            "(chart values), throughput/latency/acceptance/speed-up PNGs, and every setting's "
+            "own results in OUT/points/. --deployer local restarts a local stack of its own "
+            "(CPU engine; its draft model stands in for DFlash2); --deployer helm upgrades an "
+            "installed release per setting (a rollout and a model load each) and restores its "
+            "values at the end or on Ctrl-C."
+        ),
+    )
+    sweep.add_argument(
+        "--method",
+        type=method_list,
+        help="comma-separated methods (local: draft_model or ngram, default draft_model; helm: "
+        "dflash, mtp or ngram, default dflash)",
+    )
+    sweep.add_argument(
+        "--k",
+        type=number_list(int, 0, 15, low_open=False),
+        default=[0, 2, 4],
+        help="num_speculative_tokens values; 0 is speculation off (0,2,4)",
+    )
+    load = sweep.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency", type=number_list(int, 0, max_concurrency), help="levels (1,4)"
+    )
+    load.add_argument(
+        "--request-rate", type=number_list(float, 0, 100_000.0), help="Poisson arrivals per s"
+    )
+    sweep.add_argument("--max-concurrency", type=number(int, 1, max_concurrency))
+    sweep.add_argument("--model", help="served model name (default: the first in /v1/models)")
+    sweep.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY"),
+        help="bearer token for an engine started with an API key (default: $OPENAI_API_KEY)",
+    )
+    sweep.add_argument("--deployer", choices=["local", "helm"], default="local")
+    sweep.add_argument(
+        "--fresh", action="store_true", help="start over instead of resuming OUT/sweep.json"
+    )
+    local = sweep.add_argument_group("--deployer local")
+    local.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".sweep-stack"),
+        help="the sweep's own local stack state (.sweep-stack); never a running user stack",
+    )
+    local.add_argument("--engine-port", type=number(int, 1, 65535), help="(default: a free port)")
+    local.add_argument("--sidecar-port", type=number(int, 1, 65535), help="(default: a free port)")
+    local.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no torch.compile: each setting starts sooner, decodes about half as fast",
+    )
+    local.add_argument(
+        "--engine-timeout", type=number(float, 0, 86_400, low_open=True), default=600.0
+    )
+    helm = sweep.add_argument_group("--deployer helm")
+    helm.add_argument("--release", type=kubernetes_name, help="the installed release")
+    helm.add_argument("--namespace", type=kubernetes_name, default="default")
+    helm.add_argument(
+        "--chart", help="the chart to upgrade with (default: the one shipped with dflash-serve)"
+    )
+    helm.add_argument("--helm", help="the helm binary (default: helm on PATH or .cache/bin)")
+    helm.add_argument(
+        "--base-url",
+        type=http_url,
+        help="where the release serves, as this machine reaches it (port-forward or ingress)",
+    )
+    helm.add_argument(
+        "--rollout-timeout",
+        type=number(float, 60, 86_400),
+        default=1800.0,
+        help="seconds one setting's rollout and model load may take (1800)",
+    )
+    add_workload_flags(sweep)
+    sweep.set_defaults(handler=run_sweep, repeats=3)
+
+
+def settings_of(args: argparse.Namespace) -> list[Any]:
+    from dflash_ops.bench.sweep_deployers import HELM_METHODS, LOCAL_METHODS, Setting
+
+    allowed = LOCAL_METHODS if args.deployer == "local" else HELM_METHODS
+    methods = args.method or [allowed[0]]
+    wrong = [m for m in methods if m != "off" and m not in allowed]
+    if wrong:
+        raise UserError(
+            f"--method {','.join(wrong)} cannot run with --deployer {args.deployer}: "
+            f"use {', '.join(allowed)} (or off)"
+        )
+    ks = sorted(set(args.k))
+    spec_methods = [m for m in methods if m != "off"]
+    found: set[Setting] = set()
+    if 0 in ks or "off" in methods:
+        found.add(Setting(0, allowed[0]))
+    for method in spec_methods:
+        found.update(Setting(k, method) for k in ks if k > 0)
+    if len(found) < 2:
+        raise UserError("a sweep needs at least two settings: give more --k values or methods")
+    return sorted(found)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from dflash_ops.bench import prompt_files
+    from dflash_ops.bench.run_directory import BenchInterrupted
+    from dflash_ops.bench.sweep import SweepPlan, run_sweep
+    from dflash_ops.bench.sweep_analysis import table
+    from dflash_ops.cli.bench import _check_out, _needs_bench_extra, _settings, load_levels
+
+    _needs_bench_extra()
+    settings = settings_of(args)
+    levels = load_levels(args)
+    if args.tokenizer:
+        raise UserError("bench sweep counts tokens from the engine's usage: drop --tokenizer")
+    bench_settings = _settings(args)
+    prompts = prompt_files.load(args.dataset_name, args.dataset_path) if args.dataset_path else None
+    _check_out(args.out)
+    plan = SweepPlan(settings=settings, levels=levels, bench=bench_settings, deployer=args.deployer)
+    deployer = _deployer(args)
+    keys = ", ".join(s.key for s in settings)
+    print(f"==> sweep: {len(settings)} settings ({keys}) x {len(levels)} levels", file=sys.stderr)
+    try:
+        analysis = run_sweep(
+            args.out, plan, deployer, args.model, args.api_key, prompts, args.fresh
+        )
+    except (BenchInterrupted, KeyboardInterrupt) as stopped:
+        return stopped.code if isinstance(stopped, BenchInterrupted) else 130
+    print(table(analysis))
+    print(f"wrote {args.out}/sweep.md, sweep-results.json, recommended-values.yaml and the PNGs")
+    return 0
+
+
+def _deployer(args: argparse.Namespace) -> Any:
+    from dflash_ops.bench.sweep_deployers import HelmDeployer, LocalDeployer
+    from dflash_ops.loopback import free_port
+
+    if args.deployer == "local":
+        for flag in ("release", "chart", "helm", "base_url"):
+            if getattr(args, flag):
+                raise UserError(f"--{flag.replace('_', '-')} is for --deployer helm")
+        return LocalDeployer(
+            args.state_dir,
+            args.engine_port or free_port(),
+            args.sidecar_port or free_port(),
+            enforce_eager=args.enforce_eager,
+            engine_timeout_s=args.engine_timeout,
+        )
+    from dflash_ops.chart.helm import helm_binary
+    from dflash_ops.paths import CHART_DIR
+
+    if not args.release or not args.base_url:
+        raise UserError("--deployer helm needs --release and --base-url (where it serves)")
+    return HelmDeployer(
+        release=args.release,
+        namespace=args.namespace,
+        chart=args.chart or str(CHART_DIR),
+        base_url=args.base_url,
+        out=args.out,
+        timeout_s=args.rollout_timeout,
+        helm=args.helm or helm_binary(),
+        api_key=args.api_key,
+    )

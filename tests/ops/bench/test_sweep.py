@@ -1,0 +1,244 @@
+"""`dflash-serve bench sweep`: the recommendation and prediction over known figures, the helm
+deployer's commands and rollback with a stand-in helm (the benchmark itself runs against real
+servers), resuming, and the recommended values rendered by the real helm."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dflash_ops.bench.results import (
+    BenchResult,
+    BenchSettings,
+    LevelResult,
+    Percentiles,
+    SpecDecodeStats,
+    Spread,
+)
+from dflash_ops.bench.sweep_analysis import analyse, recommended_values
+from dflash_ops.bench.sweep_deployers import LocalDeployer, Setting
+from dflash_ops.chart.helm import helm_template
+from dflash_ops.errors import UserError
+
+from tests.conftest import REPO_ROOT
+
+SETTINGS = BenchSettings(
+    prompt_set="fixed", input_len=1, max_tokens=8, num_requests=4, duration_s=None,
+    repeats=2, warmup=0, seed=0,
+)  # fmt: skip
+
+
+def level(
+    concurrency: int, tps: float, stdev: float, tpot_p99: float, per_pos: list[float]
+) -> LevelResult:
+    spread = Spread(mean=tps, min=tps - stdev, max=tps + stdev, stdev=stdev, runs=2)
+    drafts = 100.0
+    spec = None
+    if per_pos:
+        accepted = sum(per_pos) * drafts
+        spec = SpecDecodeStats(
+            drafts=drafts, draft_tokens=drafts * len(per_pos), accepted=accepted,
+            mean_acceptance_length=1 + accepted / drafts,
+            draft_acceptance_rate=accepted / (drafts * len(per_pos)),
+            per_position_acceptance=per_pos,
+        )  # fmt: skip
+    p = Percentiles(mean=tpot_p99, p50=tpot_p99 / 2, p90=tpot_p99, p99=tpot_p99, count=8)
+    return LevelResult(
+        concurrency=concurrency, request_rate=None, runs=[], output_tokens_per_s=spread,
+        requests_per_s=spread, ttft_ms=p, tpot_ms=p, itl_ms=p, e2e_ms=p, spec_decode=spec,
+    )  # fmt: skip
+
+
+def result(*levels: LevelResult) -> BenchResult:
+    return BenchResult(
+        base_url="http://x", model="m", started_at="t", settings=SETTINGS, levels=list(levels),
+        kv_cache_tokens=None,
+    )  # fmt: skip
+
+
+CURVE = [0.9, 0.7, 0.5, 0.3]
+
+
+def test_recommendation_prefers_the_smallest_k_within_the_spread_of_the_fastest() -> None:
+    results = {
+        Setting(0, "dflash"): result(level(1, 100, 2, 50, []), level(4, 300, 5, 60, [])),
+        Setting(2, "dflash"): result(
+            level(1, 150, 3, 30, CURVE[:2]), level(4, 390, 8, 40, CURVE[:2])
+        ),
+        Setting(4, "dflash"): result(level(1, 180, 3, 25, CURVE), level(4, 400, 8, 45, CURVE)),
+    }  # fmt: skip
+    analysis = analyse(results)
+    by_level = {r.level: r for r in analysis.recommendations}
+    # Concurrency 1: k=4 is clearly fastest. Concurrency 4: k=2 (390 ± 8) reaches k=4's
+    # 400 - 8, so the smaller k wins the tie.
+    assert by_level["concurrency 1"].recommended == "dflash-k4"
+    assert by_level["concurrency 4"].fastest == "dflash-k4"
+    assert by_level["concurrency 4"].recommended == "dflash-k2"
+    assert by_level["concurrency 4"].within_spread == ["dflash-k2", "dflash-k4"]
+    assert by_level["concurrency 4"].lowest_tpot_p99 == "dflash-k2"
+    # Predicted acceptance length for k=2 from the k=4 curve: 1 + 0.9 + 0.7.
+    prediction = next(p for p in analysis.predictions if p.level == "concurrency 1")
+    assert (prediction.k, prediction.from_k) == (2, 4)
+    assert prediction.predicted_mean_acceptance_length == pytest.approx(2.6)
+    assert prediction.measured_mean_acceptance_length == pytest.approx(2.6)
+    # The planner's KV capacity shrinks as k grows (more blocks per request).
+    assert analysis.kv_cache_tokens[2] >= analysis.kv_cache_tokens[4] > 0
+    values = yaml.safe_load(recommended_values(analysis, results))
+    assert values == {
+        "speculative": {"method": "dflash", "numSpeculativeTokens": 2},
+        "engine": {"blockSize": "auto"},
+    }
+
+
+def test_recommended_values_render_with_the_chart(tmp_path: Path) -> None:
+    """What the sweep writes is accepted by the chart as it is (schema, block-size rule)."""
+    for setting in (Setting(0, "dflash"), Setting(3, "draft_model"), Setting(5, "mtp")):
+        results = {setting: result(level(1, 10, 1, 5, CURVE[: setting.k]))}
+        analysis = analyse(results, with_capacity=False)
+        path = tmp_path / f"{setting.key}.yaml"
+        path.write_text(recommended_values(analysis, results))
+        rendered = helm_template([path], [], "dflash", "llm")
+        if setting.k:
+            assert f'\\"num_speculative_tokens\\":{setting.k}}}' in rendered
+            assert f'\\"method\\":\\"{setting.chart_method}\\"' in rendered
+        else:
+            assert "--speculative-config" not in rendered
+
+
+def test_a_local_sweep_never_takes_over_a_users_running_stack(tmp_path: Path) -> None:
+    (tmp_path / "state.json").write_text(
+        json.dumps({"config": {"state_dir": str(tmp_path)}, "processes": []})
+    )
+    with pytest.raises(UserError, match="a local stack this sweep did not start runs in"):
+        LocalDeployer(tmp_path, 18000, 19000)
+
+
+def stand_in(tmp_path: Path, values: dict[str, Any]) -> tuple[Path, dict[str, str]]:
+    wrapper = tmp_path / "helm"
+    wrapper.write_text(
+        f'#!/bin/sh\nexec {sys.executable} {REPO_ROOT / "tests/ops/bench/stand_in_helm.py"} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    log = tmp_path / "helm.log"
+    env = os.environ | {
+        "STAND_IN_HELM_LOG": str(log),
+        "STAND_IN_HELM_VALUES": yaml.safe_dump(values),
+    }
+    return wrapper, env
+
+
+def calls(env: dict[str, str]) -> list[list[str]]:
+    path = Path(env["STAND_IN_HELM_LOG"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def sweep_command(base_url: str, out: Path, helm: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "dflash_ops.cli", "bench", "sweep", "--deployer", "helm",
+        "--release", "dflash", "--namespace", "llm", "--base-url", base_url, "--helm", str(helm),
+        "--k", "0,4", "--method", "dflash,mtp", "--concurrency", "1,2", "--num-prompts", "3",
+        "--repeats", "1", "--warmup", "0", "--max-tokens", "4", "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+def test_helm_sweep_upgrades_per_setting_and_restores_the_original_values(
+    instant_server: str, tmp_path: Path
+) -> None:
+    original = {"replicas": 2, "speculative": {"method": "dflash", "numSpeculativeTokens": 7}}
+    helm, env = stand_in(tmp_path, original)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        sweep_command(instant_server, out, helm), capture_output=True, text=True, timeout=300,
+        env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    log = calls(env)
+    assert log[0] == ["get", "values", "dflash", "--namespace", "llm", "-o", "yaml"]
+    upgrades = [c for c in log if c[0] == "upgrade"]
+    sets = [[c[i + 1] for i, a in enumerate(c) if a == "--set"] for c in upgrades[:-1]]
+    assert sets == [
+        ["speculative.method=off", "engine.blockSize=auto"],
+        [
+            "speculative.method=dflash",
+            "engine.blockSize=auto",
+            "speculative.numSpeculativeTokens=4",
+        ],
+        ["speculative.method=mtp", "engine.blockSize=auto", "speculative.numSpeculativeTokens=4"],
+    ]
+    for call in upgrades[:-1]:
+        assert call[1:3] == ["dflash", str(REPO_ROOT / "charts" / "dflash-serve")]
+        assert "--reuse-values" in call and "--wait" in call
+    restore = upgrades[-1]
+    assert "--reset-values" in restore and "--wait" in restore
+    saved = Path(restore[restore.index("--values") + 1])
+    assert yaml.safe_load(saved.read_text()) == original
+    analysis = json.loads((out / "sweep-results.json").read_text())
+    assert {p["key"] for p in analysis["points"]} == {"off", "dflash-k4", "mtp-k4"}
+    assert len(analysis["recommendations"]) == 2
+    for picture in ("throughput.png", "latency.png", "acceptance-by-k.png", "speedup.png"):
+        assert (out / picture).read_bytes()[:4] == b"\x89PNG"
+    assert "| level | recommended |" in done.stdout
+    rendered = helm_template([out / "recommended-values.yaml"], [], "dflash", "llm")
+    assert "kind: Deployment" in rendered
+
+
+def test_ctrl_c_restores_the_release_and_the_same_command_resumes(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    helm, env = stand_in(tmp_path, {"replicas": 1})
+    out = tmp_path / "out"
+    command = sweep_command(f"{scripted_server}/slow", out, helm)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT
+    )
+    second_point = out / "points" / "dflash-k4" / "requests.jsonl"
+    deadline = time.monotonic() + 120
+    while not (second_point.is_file() and second_point.read_text()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "the same command resumes" in stderr
+    log = calls(env)
+    assert "--reset-values" in log[-1]  # the release got its values back
+    state = json.loads((out / "sweep.json").read_text())
+    assert state["done"] == ["off"]
+    first_run = len(log)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resuming: 1 of 3 settings measured" in done.stderr
+    again = calls(env)[first_run:]
+    assert not any(c[:2] == ["get", "values"] for c in again)  # the first original is kept
+    upgraded = [c[c.index("--set") + 1] for c in again if "--reuse-values" in c]
+    assert upgraded == ["speculative.method=dflash", "speculative.method=mtp"]
+    assert "--reset-values" in again[-1]
+    assert json.loads((out / "sweep.json").read_text())["done"] == ["off", "dflash-k4", "mtp-k4"]
+    # A different plan in the same folder is refused, not mixed in.
+    other = subprocess.run(
+        [*command[:-2], "--out", str(out), "--k", "0,2"], capture_output=True, text=True,
+        timeout=120, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert other.returncode == 2 and "belongs to a sweep with other settings" in other.stderr
+
+
+def test_a_failed_rollout_restores_the_release(instant_server: str, tmp_path: Path) -> None:
+    helm, env = stand_in(tmp_path, {"replicas": 1})
+    env["STAND_IN_HELM_FAIL_UPGRADE"] = "2"
+    done = subprocess.run(
+        sweep_command(instant_server, tmp_path / "out", helm), capture_output=True, text=True,
+        timeout=300, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2 and "context deadline exceeded" in done.stderr
+    assert "--reset-values" in calls(env)[-1]
