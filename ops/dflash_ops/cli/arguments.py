@@ -69,6 +69,20 @@ def number_list(
     return parse
 
 
+def choice_list(choices: tuple[str, ...], noun: str, example: str) -> Callable[[str], list[str]]:
+    """Comma-separated names, each one of `choices` (at least one)."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        if not names or any(name not in choices for name in names):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected {noun} from {', '.join(choices)}, e.g. {example}"
+            )
+        return names
+
+    return parse
+
+
 def check_http_url(url: str, flag: str = "--base-url") -> str:
     """`url` without a trailing slash, or a UserError naming what is wrong with it."""
     try:

@@ -12,6 +12,7 @@ from dflash_ops.bench.prompts import FILE_SETS, PROMPT_SETS
 from dflash_ops.bench.results import DEFAULT_REQUEST_TIMEOUT_S
 from dflash_ops.bench.slo import parse as slo_objectives
 from dflash_ops.cli import bench_job as job
+from dflash_ops.cli import bench_router as router
 from dflash_ops.cli import bench_sweep as sweep
 from dflash_ops.cli.arguments import http_url, number, number_list
 from dflash_ops.errors import UserError
@@ -181,7 +182,7 @@ def register(subparsers: Any) -> None:
     )
     parser.set_defaults(handler=run)
     actions = parser.add_subparsers(
-        dest="bench_action", metavar="{search,sweep,compare,job,sidecar,client}"
+        dest="bench_action", metavar="{search,sweep,compare,job,router-policies,sidecar,client}"
     )
     search = actions.add_parser(
         "search",
@@ -231,6 +232,7 @@ def register(subparsers: Any) -> None:
     compare.set_defaults(handler=run_compare)
     job.register(actions)
     sweep.register(actions, _add_workload_flags, MAX_CONCURRENCY)
+    router.register(actions)
     sidecar = actions.add_parser(
         "sidecar",
         help="cost of one sidecar scrape cycle on a ~3,000-line exposition, and memory over a day",

@@ -8,20 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.cli.arguments import http_url, kubernetes_name, number, number_list
+from dflash_ops.cli.arguments import choice_list, http_url, kubernetes_name, number, number_list
 from dflash_ops.errors import UserError
 
 METHODS = ("dflash", "mtp", "ngram", "draft_model", "off")
 
 
-def method_list(text: str) -> list[str]:
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if not methods or unknown:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected methods from {', '.join(METHODS)}, e.g. dflash,mtp"
-        )
-    return methods
+method_list = choice_list(METHODS, "methods", "dflash,mtp")
 
 
 def register(actions: Any, add_workload_flags: Any, max_concurrency: int) -> None:

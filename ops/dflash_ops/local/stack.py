@@ -61,6 +61,11 @@ class StackConfig(BaseModel):
     enforce_eager: bool = Field(
         default=False, description="no torch.compile: starts sooner, decodes about half as fast"
     )
+    scale_out: bool = Field(
+        default=False,
+        description="--enable-scale-out: the render endpoints vllm-router's cache_aware policy "
+        "tokenizes requests with (vLLM answers them 403 otherwise)",
+    )
 
     @property
     def models_dir(self) -> Path:
@@ -133,6 +138,8 @@ def engine_argv(config: StackConfig) -> list[str]:
     ]
     if config.enforce_eager:
         argv.append("--enforce-eager")
+    if config.scale_out:
+        argv.append("--enable-scale-out")
     # The draft is named relative to the engine's working directory (the models directory):
     # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
     # as a checkout named dflash-serve does.

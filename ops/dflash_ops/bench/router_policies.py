@@ -1,0 +1,258 @@
+"""Which of vLLM's router policies keeps prefix-cache hits when one model is served by several
+replicas: N CPU engines of the local stack, the real `vllm-router` in front with each policy in
+turn, the shared-prefix prompt set with several prefix groups sent through it.
+
+For every run the prefix-cache hit rate is summed over the replicas from their own /metrics
+deltas, each replica's share of requests is read from the router's
+`vllm_router_processed_requests_total`, and TTFT and throughput come from the benchmark. A
+single replica alone gives the reference hit rate. Every run uses fresh prefixes (its own seed),
+so no run profits from what an earlier one left in the caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from dflash_ops.bench.client import Endpoint
+from dflash_ops.bench.results import BenchSettings
+from dflash_ops.bench.runner import Level, run_bench
+from dflash_ops.errors import UserError
+from dflash_ops.local import stack
+from dflash_ops.local.supervisor import http_ok
+from dflash_ops.loopback import free_port
+
+_PROCESSED = re.compile(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\}\s+(\S+)', re.M)
+
+
+class PolicyRun(BaseModel):
+    policy: str  # "single replica" for the reference
+    hit_rate: float | None
+    hit_tokens: float
+    queried_tokens: float
+    share: dict[str, float]  # replica URL -> share of requests
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    output_tokens_per_s: float
+    failed: int
+
+
+class RouterPolicyReport(BaseModel):
+    router_args: list[str] = []
+    scale_out: bool = Field(description="engines served vLLM's render endpoints")
+    replicas: int
+    prefix_groups: int
+    requests: int
+    runs: list[PolicyRun]
+
+
+def say(message: str) -> None:
+    print(f"==> router policies: {message}", file=sys.stderr, flush=True)
+
+
+def router_argv(
+    workers: list[str], policy: str, port: int, metrics_port: int, extra: list[str] | None = None
+) -> list[str]:
+    binary = Path(sys.executable).with_name("vllm-router")
+    return [
+        str(binary) if binary.exists() else "vllm-router",
+        "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+        "--policy", policy, "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
+        *(extra or []),
+    ]  # fmt: skip
+
+
+class Router:
+    def __init__(
+        self, workers: list[str], policy: str, log: Path, extra: list[str] | None = None
+    ) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = router_argv(workers, policy, self.port, self.metrics_port, extra)
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Router:
+        with self.log.open("wb") as out:
+            try:
+                self.process = subprocess.Popen(
+                    self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            except FileNotFoundError:
+                raise UserError(
+                    "vllm-router is not installed: pip install 'dflash-serve[router]'"
+                ) from None
+        deadline = time.monotonic() + 60
+        while not http_ok(self.url + "/health"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-1500:]
+                raise UserError(f"vllm-router did not start ({self.log}):\n{tail}")
+            time.sleep(0.5)
+        return self
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def processed(self) -> dict[str, float]:
+        return {worker: float(v) for worker, v in _PROCESSED.findall(self.metrics())}
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            # Its routing decisions, for whoever wants to know why it routed as it did.
+            with contextlib.suppress(OSError):
+                self.log.with_suffix(".metrics").write_text(self.metrics())
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+async def _prefix(urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for url in urls:
+        endpoint = Endpoint(url)
+        try:
+            found = await endpoint.prefix_cache()
+        finally:
+            await endpoint.aclose()
+        if found is None:
+            raise UserError(f"{url} exports no vllm:prefix_cache_* counters")
+        hits, queries = hits + found[0], queries + found[1]
+    return hits, queries
+
+
+def one_run(
+    policy: str, target: str, engines: list[str], settings: BenchSettings, concurrency: int,
+    router: Router | None,
+) -> PolicyRun:  # fmt: skip
+    before = asyncio.run(_prefix(engines))
+    processed_before = router.processed() if router else {}
+    result = asyncio.run(run_bench(target, stack.SERVED_MODEL, [Level(concurrency)], settings))
+    after = asyncio.run(_prefix(engines))
+    level = result.levels[0]
+    hits, queries = after[0] - before[0], after[1] - before[1]
+    share: dict[str, float] = {}
+    if router is not None:
+        done = {w: n - processed_before.get(w, 0.0) for w, n in router.processed().items()}
+        total = sum(done.values()) or 1.0
+        share = {w: n / total for w, n in sorted(done.items())}
+    return PolicyRun(
+        policy=policy,
+        hit_rate=hits / queries if queries else None,
+        hit_tokens=hits,
+        queried_tokens=queries,
+        share=share,
+        ttft_p50_ms=level.ttft_ms.p50 if level.ttft_ms else None,
+        ttft_p99_ms=level.ttft_ms.p99 if level.ttft_ms else None,
+        output_tokens_per_s=level.output_tokens_per_s.mean,
+        failed=sum(r.failed for r in level.runs),
+    )
+
+
+def measure(
+    state_root: Path,
+    replicas: int,
+    policies: list[str],
+    prefix_groups: int,
+    requests: int,
+    concurrency: int,
+    input_len: int,
+    max_tokens: int,
+    enforce_eager: bool,
+    router_args: list[str] | None = None,
+    scale_out: bool = True,
+) -> RouterPolicyReport:
+    state_root.mkdir(parents=True, exist_ok=True)
+    models = state_root / "models"
+    models.mkdir(exist_ok=True)
+    dirs = [state_root / f"replica-{i}" for i in range(replicas)]
+    runs: list[PolicyRun] = []
+    try:
+        engines = []
+        for i, state_dir in enumerate(dirs):
+            state_dir.mkdir(exist_ok=True)
+            if not (state_dir / "models").exists():
+                (state_dir / "models").symlink_to(models.resolve())
+            say(f"starting replica {i + 1}/{replicas}")
+            state = stack.up(
+                stack.StackConfig(
+                    state_dir=state_dir, engine_port=free_port(), sidecar_port=free_port(),
+                    method="off", prometheus=False, enforce_eager=enforce_eager,
+                    scale_out=scale_out,
+                )
+            )  # fmt: skip
+            engines.append(next(p.url for p in state.processes if p.name == "engine"))
+
+        def settings(seed: int) -> BenchSettings:
+            return BenchSettings(
+                prompt_set="shared-prefix", input_len=input_len, max_tokens=max_tokens,
+                num_requests=requests, duration_s=None, repeats=1, warmup=0, seed=seed,
+                prefix_groups=prefix_groups,
+            )  # fmt: skip
+
+        say("single replica (the reference hit rate)")
+        runs.append(one_run("single replica", engines[0], engines, settings(1), concurrency, None))
+        for seed, policy in enumerate(policies, start=2):
+            say(f"{policy} over {replicas} replicas")
+            log = state_root / f"router-{policy}.log"
+            with Router(engines, policy, log, router_args) as router:
+                runs.append(
+                    one_run(policy, router.url, engines, settings(seed), concurrency, router)
+                )
+    finally:
+        for state_dir in dirs:
+            stack.down(state_dir, quiet=True)
+    return RouterPolicyReport(
+        router_args=router_args or [],
+        scale_out=scale_out,
+        replicas=replicas,
+        prefix_groups=prefix_groups,
+        requests=requests,
+        runs=runs,
+    )
+
+
+def table(report: RouterPolicyReport) -> str:
+    single = next((r for r in report.runs if r.policy == "single replica"), None)
+    lines = [
+        f"{report.replicas} replicas, shared-prefix set with {report.prefix_groups} prefix groups, "
+        f"{report.requests} requests per run",
+        "",
+        "| policy | prefix-cache hit rate | vs single replica | requests per replica | TTFT p50 "
+        "/ p99 ms | output tok/s | failed |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for run in report.runs:
+        ratio = (
+            f"{run.hit_rate / single.hit_rate:.2f}x"
+            if single and single.hit_rate and run.hit_rate is not None
+            else "n/a"
+        )
+        share = ", ".join(f"{v:.0%}" for v in run.share.values()) or "all on one"
+        ttft = (
+            f"{run.ttft_p50_ms:.0f} / {run.ttft_p99_ms:.0f}"
+            if run.ttft_p50_ms is not None and run.ttft_p99_ms is not None
+            else "n/a"
+        )
+        rate = "n/a" if run.hit_rate is None else f"{run.hit_rate:.3f}"
+        lines.append(
+            f"| {run.policy} | {rate} | {ratio} | {share} | {ttft} | "
+            f"{run.output_tokens_per_s:.1f} | {run.failed} |"
+        )
+    return "\n".join(lines) + "\n"
