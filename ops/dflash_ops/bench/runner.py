@@ -172,14 +172,18 @@ async def run_pass(
     progress: Progress,
     outcome: PassOutcome | None = None,
     on_record: RecordSink | None = None,
+    objectives: dict[str, float] | None = None,
 ) -> tuple[RunResult, list[RequestRecord]]:
-    """One pass of a level: `num_requests` requests, or arrivals for `duration_s` seconds.
+    """One pass of a level: `num_requests` requests, or arrivals for `duration_s` seconds; its
+    result and its own records (goodput counted against `objectives`).
 
-    Records land in `outcome` as they complete (so an interrupted pass keeps them). A request
-    that cannot connect makes the pass probe the server; if it is gone too, no further request
-    is issued and `outcome.stop_reason` says why."""
+    Records land in `outcome` as they complete (so an interrupted pass keeps them; `outcome`
+    may already hold earlier passes' records). A request that cannot connect makes the pass
+    probe the server; if it is gone too, no further request is issued and `outcome.stop_reason`
+    says why."""
     outcome = outcome if outcome is not None else PassOutcome()
     records = outcome.records
+    kept = len(records)
     started = outcome.started = time.perf_counter()
     deadline = None if duration_s is None else started + duration_s
     issued = 0
@@ -237,7 +241,8 @@ async def run_pass(
             for task in tasks:
                 task.cancel()
     progress.close()
-    return pass_result(records, started), records
+    mine = records[kept:]
+    return pass_result(mine, started, objectives), mine
 
 
 def pass_result(
@@ -323,7 +328,8 @@ class LevelProgress:
         attainment = None
         if self.objectives:
             goodput = Spread.of([r.goodput_requests_per_s or 0.0 for r in runs])
-            attainment = sum(1 for r in ok if slo.is_good(r, self.objectives)) / len(self.records)
+            # Every record belongs to one of `runs` (the pass in progress included).
+            attainment = sum(r.good_requests or 0 for r in runs) / len(self.records)
         return LevelResult(
             concurrency=self.level.concurrency,
             request_rate=self.level.request_rate,
@@ -373,9 +379,9 @@ async def run_level(
         progress = Progress(f"{label}, run {repeat + 1}/{settings.repeats}:", settings.num_requests)
         outcome = PassOutcome(records=state.records)
         before = state.last
-        kept = state.pass_kept = len(state.records)
+        state.pass_kept = len(state.records)
         state.pass_started = time.perf_counter()
-        await run_pass(
+        run, _ = await run_pass(
             endpoint,
             model,
             prompts,
@@ -387,8 +393,8 @@ async def run_level(
             progress,
             outcome,
             on_record,
+            settings.goodput,
         )
-        run = pass_result(state.records[kept:], outcome.started, settings.goodput)
         if outcome.stop_reason is not None:
             state.runs.append(run)
             state.pass_kept = len(state.records)
