@@ -69,6 +69,15 @@ VARIANTS: dict[str, list[str]] = {
         "auth.apiKeySecret.name=vllm-api-key",
         RWX,
     ],
+    "router-auth-netpol": [
+        "router.enabled=true",
+        "replicas=2",
+        "auth.apiKeySecret.name=vllm-api-key",
+        "networkPolicy.enabled=true",
+        RWX,
+    ],
+    "router-ray": ["router.enabled=true", "distributed.enabled=true", RWX],
+    "router-round-robin": ["router.enabled=true", "router.policy=round_robin", "replicas=2", RWX],
 }
 
 

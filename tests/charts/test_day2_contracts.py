@@ -78,14 +78,31 @@ def test_no_rollout_is_reported_failed_while_the_engine_may_still_be_loading(
 ) -> None:
     download = int(chart_values([])["modelDownload"]["budgetSeconds"])
     problems = []
+    engine_budgets: dict[str, int] = {}
+    routers = []
     for name, deployment in deployments(renders):
         template = deployment["spec"]["template"]
-        budget = max(startup_budget_seconds(c) for c in vllm_containers(template))
+        engines = vllm_containers(template)
+        if not engines:
+            routers.append((name, deployment))  # ready once an engine is: checked below
+            continue
+        budget = max(startup_budget_seconds(c) for c in engines)
         if any(c["name"] == "model-download" for c in template["spec"].get("initContainers", [])):
             budget += download
+        engine_budgets[name] = max(budget, engine_budgets.get(name, 0))
         deadline = progress_deadline_seconds(deployment)
         if deadline <= budget:
             problems.append(f"{name}: progressDeadlineSeconds {deadline} <= start budget {budget}")
+    # The router is ready only while an engine is (/readiness): its rollout waits for theirs.
+    for name, router in routers:
+        budget = engine_budgets.get(name, 0)
+        deadline = progress_deadline_seconds(router)
+        if deadline <= budget:
+            problems.append(
+                f"{name} {router['metadata']['name']}: progressDeadlineSeconds {deadline} <= the "
+                f"engines' start budget {budget}"
+            )
+    assert routers, "no render has a router"
     assert not problems, "\n".join(problems)
 
 

@@ -18,14 +18,19 @@ from tests.conftest import find_tool
 
 TEST_PODS = r"Pod\.llm\.dflash-dflash-serve-test-.*"
 ENGINE = r"(Deployment|Pod)\.llm\.dflash-dflash-serve(\..*)?$"
+ROUTER = r"Deployment\.llm\.dflash-dflash-serve-router$"
 # check id -> (resources it may fail on, why)
 ACCEPTED: dict[str, tuple[str, str]] = {
     "CKV_K8S_8": (TEST_PODS, "helm test pods run one request and exit: nothing to keep alive"),
     "CKV_K8S_9": (TEST_PODS, "helm test pods serve nothing: no readiness to report"),
     "CKV2_K8S_6": (TEST_PODS, "helm test pods only make outbound requests; no policy selects them"),
-    "CKV_K8S_11": (ENGINE, "no CPU limit on the engine: throttling stalls tokenization and NCCL"),
+    "CKV_K8S_11": (
+        f"({ENGINE}|{ROUTER})",
+        "no CPU limit on the engine or the router: throttling stalls tokenization, NCCL and the "
+        "routing of every request",
+    ),
     "CKV_K8S_15": (
-        f"({ENGINE}|{TEST_PODS})",
+        f"({ENGINE}|{ROUTER}|{TEST_PODS})",
         "IfNotPresent: the pinned multi-GB engine image must not be pulled on every restart",
     ),
     "CKV_K8S_22": (
@@ -33,12 +38,16 @@ ACCEPTED: dict[str, tuple[str, str]] = {
         "vLLM's Triton/FlashInfer/torch.compile JIT caches write under the image; "
         "unverified without a GPU",
     ),
+    "CKV_K8S_38": (
+        ROUTER,
+        "the router's service discovery watches pods with its token (a Role: pods get/list/watch)",
+    ),
     "CKV_K8S_40": (
-        f"({ENGINE}|{TEST_PODS})",
+        f"({ENGINE}|{ROUTER}|{TEST_PODS})",
         "uid 1000 is the images' own user; no host paths or host namespaces are used",
     ),
     "CKV_K8S_43": (
-        f"({ENGINE}|{TEST_PODS})",
+        f"({ENGINE}|{ROUTER}|{TEST_PODS})",
         "default images are tags built by `make images`; image.*.digest pins them",
     ),
 }

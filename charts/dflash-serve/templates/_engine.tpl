@@ -175,6 +175,9 @@ land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_size
 - {{ dict "cpu_offload" .Values.model.pleCpuOffload | toJson | quote }}
 - --shutdown-timeout
 - {{ include "dflash-serve.shutdownTimeout" . | quote }}
+{{- if include "dflash-serve.engineScaleOut" . }}
+- --enable-scale-out
+{{- end }}
 {{- range .Values.model.extraArgs }}
 - {{ . | quote }}
 {{- end }}

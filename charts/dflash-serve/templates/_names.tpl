@@ -83,3 +83,19 @@ whose Ray ports run code for whoever reaches them. */}}
 {{- $enabled := .Values.networkPolicy.enabled -}}
 {{- if or (eq (toString $enabled) "true") (and (eq (toString $enabled) "auto") .Values.distributed.enabled) -}}true{{- end -}}
 {{- end -}}
+
+{{/* The router (router.enabled): its objects' name, and the labels of its pods. */}}
+{{- define "dflash-serve.routerName" -}}
+{{- printf "%s-router" (include "dflash-serve.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "dflash-serve.routerSelectorLabels" -}}
+{{ include "dflash-serve.selectorLabels" . }}
+dflash-serve.io/component: router
+{{- end -}}
+
+{{/* cache_aware tokenizes each request through the engines' render endpoints, which vLLM only
+serves with --enable-scale-out (403 otherwise, and the router then routes blind). */}}
+{{- define "dflash-serve.engineScaleOut" -}}
+{{- if and .Values.router.enabled (eq .Values.router.policy "cache_aware") -}}true{{- end -}}
+{{- end -}}

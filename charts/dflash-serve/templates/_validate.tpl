@@ -38,6 +38,7 @@
 {{- fail (printf "rollout.strategy %q is unknown: use auto, Recreate or RollingUpdate" .Values.rollout.strategy) -}}
 {{- end -}}
 {{- include "dflash-serve.validateEngineArgs" . -}}
+{{- include "dflash-serve.validateRouterArgs" . -}}
 {{- include "dflash-serve.validateNumbers" . -}}
 {{- include "dflash-serve.validateSidecar" . -}}
 {{- include "dflash-serve.validatePlacement" . -}}
@@ -91,6 +92,7 @@
   "--distributed-executor-backend" "distributed.enabled"
   "--data-parallel-size" "distributed.dataParallelSize"
   "--data-parallel-backend" "distributed.enabled"
+  "--enable-scale-out" "router.enabled with router.policy cache_aware (the router tokenizes through vLLM's render endpoints)"
 -}}
 {{- range .Values.model.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" (toString .) "" | replace "_" "-" -}}
@@ -209,6 +211,30 @@ same answers. */}}
 {{- range (include "dflash-serve.gpuProducts" . | fromYamlArray) -}}
 {{- if not (contains (upper $type) (upper (toString .))) -}}
 {{- fail (printf "gpu.products lists %q, which is not an %s: the block size is planned for gpu.type %s. List %s products (or leave gpu.products empty for the usual ones), or set gpu.type to the GPU these nodes have" (toString .) (upper $type) $type (upper $type)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Flags the chart sets for the router: in router.extraArgs they would point it at other pods,
+another port, or put the key in the pod spec. */}}
+{{- define "dflash-serve.validateRouterArgs" -}}
+{{- $owned := dict
+  "--api-key" "auth.apiKeySecret"
+  "--host" "nothing: the chart binds 0.0.0.0"
+  "--port" "router.port"
+  "--policy" "router.policy"
+  "--worker-urls" "nothing: the router finds this release's engine pods itself"
+  "--service-discovery" "nothing: always on"
+  "--selector" "nothing: the chart selects this release's engine pods"
+  "--service-discovery-namespace" "nothing: the release namespace"
+  "--service-discovery-port" "engine.port"
+  "--prometheus-host" "nothing: the chart binds 0.0.0.0"
+  "--prometheus-port" "router.metricsPort"
+-}}
+{{- range .Values.router.extraArgs -}}
+{{- $flag := regexReplaceAll "=.*$" (toString .) "" | replace "_" "-" -}}
+{{- if hasKey $owned $flag -}}
+{{- fail (printf "router.extraArgs sets %s, which the chart sets itself: use %s instead" $flag (get $owned $flag)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

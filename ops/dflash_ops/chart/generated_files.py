@@ -144,7 +144,15 @@ def capacity_entry(profile: Path | None) -> tuple[str, dict[str, object]]:
 
 def capacity_table() -> dict[str, object]:
     profiles: list[Path | None] = [None, *sorted(PROFILES_DIR.glob("*.yaml"))]
-    return dict(capacity_entry(profile) for profile in profiles)
+    table: dict[str, object] = {}
+    for profile in profiles:
+        key, entry = capacity_entry(profile)
+        # A layout is named after the first profile that has it (a profile that only adds
+        # replicas or a router plans the same engine).
+        known = table.get(key)
+        if known is None or (isinstance(known, dict) and known["profile"] == "defaults"):
+            table[key] = entry
+    return table
 
 
 def render_kv_capacity() -> str:
