@@ -16,6 +16,8 @@ VLLM_VERSION  := 0.33.0
 ENGINE_IMAGE  := $(REGISTRY)/vllm-dflash:$(VLLM_VERSION)-dflash-$(TAG)
 SIDECAR_IMAGE := $(REGISTRY)/sidecar:$(TAG)
 CPU_IMAGE     := $(REGISTRY)/dflash-serve-cpu:$(TAG)
+ROUTER_VERSION := $(shell sed -n 's/^ARG VLLM_ROUTER_VERSION=//p' docker/router.Dockerfile | head -n1)
+ROUTER_IMAGE  := $(REGISTRY)/vllm-router:$(ROUTER_VERSION)
 SERIES_SHA256  = $(shell python3 -c 'import hashlib, json; m = json.load(open("patches/manifest.json")); print(hashlib.sha256("".join(p["sha256"] for p in m["patches"]).encode()).hexdigest())')
 
 .PHONY: help setup lint typecheck test demo demo-down clean images images-local generate generate-check
@@ -53,12 +55,13 @@ demo: ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Promet
 demo-down: ## stop the local stack
 	@$(VENV)/bin/dflash-serve local down
 
-images: ## build the engine, sidecar and CPU images (needs a Docker engine; REGISTRY=, TAG=, SIDECAR_EXTRAS=)
+images: ## build the engine, sidecar, router and CPU images (needs a Docker engine; REGISTRY=, TAG=, SIDECAR_EXTRAS=)
 	docker build -f docker/vllm.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg PATCH_SERIES_SHA256=$(SERIES_SHA256) -t $(ENGINE_IMAGE) .
 	docker build -f docker/sidecar.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg EXTRAS=$(SIDECAR_EXTRAS) -t $(SIDECAR_IMAGE) .
+	docker build -f docker/router.Dockerfile -t $(ROUTER_IMAGE) .
 	docker build -f docker/cpu.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(CPU_IMAGE) .
 
-images-local: setup ## podman, no registry: stand-in bases (cached), then the sidecar and engine images
+images-local: setup ## podman, no registry: stand-in bases (cached), then the sidecar, router and engine images
 	@t=$$SECONDS; bash ops/setup/images-local.sh all || exit 1; echo "==> images took $$((SECONDS - t)) s"
 
 clean: ## remove virtualenvs and caches

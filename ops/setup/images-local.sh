@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the images with podman on a machine without registry access (no Docker engine needed).
 #
-#   ops/setup/images-local.sh [bases|sidecar|engine|cpu|all]    (make images-local: bases+sidecar+engine)
+#   ops/setup/images-local.sh [bases|sidecar|router|engine|cpu|all]    (make images-local: all but cpu)
 #
 # Stand-in bases replace what a registry would serve: docker.io/library/python:3.11.11-slim-bookworm
 # is a debootstrapped Debian bookworm with python3 and pip (bookworm's Python is 3.11, as in the
@@ -37,6 +37,8 @@ VLLM_STANDIN="localhost/dflash-serve/vllm-openai-standin:v0.33.0"
 SIDECAR_IMAGE="localhost/dflash-serve/sidecar:$TAG"
 ENGINE_IMAGE="localhost/dflash-serve/vllm-dflash:0.33.0-dflash-$TAG"
 CPU_IMAGE="localhost/dflash-serve/dflash-serve-cpu:$TAG"
+ROUTER_VERSION="$(sed -n 's/^ARG VLLM_ROUTER_VERSION=//p' docker/router.Dockerfile | head -n1)"
+ROUTER_IMAGE="localhost/dflash-serve/vllm-router:$ROUTER_VERSION"
 BUILD=(podman build --format docker --network=host --pull=never
        -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro
        -v "$CACHE/pip.conf:/etc/pip.conf:ro")
@@ -83,6 +85,11 @@ sidecar() {
   "${BUILD[@]}" --build-arg "DFLASH_VERSION=$TAG" -f docker/sidecar.Dockerfile -t "$SIDECAR_IMAGE" .
 }
 
+router() {
+  log "router image $ROUTER_IMAGE (vllm-router $ROUTER_VERSION from PyPI)"
+  "${BUILD[@]}" -f docker/router.Dockerfile -t "$ROUTER_IMAGE" .
+}
+
 engine() {
   log "engine image $ENGINE_IMAGE (on the stand-in vLLM base)"
   local series
@@ -103,13 +110,15 @@ done
 case "${1:-all}" in
   bases) timed "python base" python_base; timed "vLLM stand-in base" vllm_standin ;;
   sidecar) timed "python base" python_base; timed "sidecar image" sidecar ;;
+  router) timed "python base" python_base; timed "router image" router ;;
   engine) timed "python base" python_base; timed "vLLM stand-in base" vllm_standin; timed "engine image" engine ;;
   cpu) timed "python base" python_base; timed "CPU image" cpu ;;
   all)
     timed "python base" python_base
     timed "vLLM stand-in base" vllm_standin
     timed "sidecar image" sidecar
+    timed "router image" router
     timed "engine image" engine
     ;;
-  *) echo "usage: $0 [bases|sidecar|engine|cpu|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [bases|sidecar|router|engine|cpu|all]" >&2; exit 2 ;;
 esac

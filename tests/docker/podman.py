@@ -26,6 +26,12 @@ PYTHON_BASE = "docker.io/library/python:3.11.11-slim-bookworm"
 SIDECAR = f"localhost/dflash-serve/sidecar:{TAG}"
 ENGINE = f"localhost/dflash-serve/vllm-dflash:0.33.0-dflash-{TAG}"
 CPU = f"localhost/dflash-serve/dflash-serve-cpu:{TAG}"
+ROUTER_VERSION = next(
+    line.split("=", 1)[1].strip()
+    for line in (REPO_ROOT / "docker" / "router.Dockerfile").read_text().splitlines()
+    if line.startswith("ARG VLLM_ROUTER_VERSION=")
+)
+ROUTER = f"localhost/dflash-serve/vllm-router:{ROUTER_VERSION}"
 CONTAINERS_CONF = REPO_ROOT / ".cache" / "podman" / "containers.conf"
 
 
@@ -98,7 +104,9 @@ def images() -> None:
         pytest.skip(
             f"podman cannot run here: {err}; `make setup` installs podman, runc, debootstrap"
         )
-    missing = [i for i in (SIDECAR, ENGINE) if podman("image", "exists", i, check=False).returncode]
+    missing = [
+        i for i in (SIDECAR, ROUTER, ENGINE) if podman("image", "exists", i, check=False).returncode
+    ]
     if missing:
         build("all")
 

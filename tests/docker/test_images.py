@@ -20,9 +20,10 @@ DOCKERFILES = sorted((REPO_ROOT / "docker").glob("*.Dockerfile"))
 STANDIN_DOCKERFILES = sorted((REPO_ROOT / "docker" / "standin").glob("*.Dockerfile"))
 
 
-def test_three_dockerfiles_and_a_dockerignore() -> None:
+def test_four_dockerfiles_and_a_dockerignore() -> None:
     assert [p.name for p in DOCKERFILES] == [
         "cpu.Dockerfile",
+        "router.Dockerfile",
         "sidecar.Dockerfile",
         "vllm.Dockerfile",
     ]
@@ -68,7 +69,7 @@ def test_chart_default_images_are_what_make_images_tags() -> None:
     values = yaml.safe_load((REPO_ROOT / "charts" / "dflash-serve" / "values.yaml").read_text())
     chart = {
         f"{i['repository']}:{i['tag']}" for i in values["image"].values() if isinstance(i, dict)
-    }
+    } | {f"{values['router']['image']['repository']}:{values['router']['image']['tag']}"}
     tags = make_images_tags()
     assert chart <= set(tags), (chart, tags)
     custom = make_images_tags("REGISTRY=registry.example.com/ml", "TAG=9.9.9")
