@@ -26,6 +26,7 @@ from dflash_ops.errors import UserError
 
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
 _PREFIX_HITS = re.compile(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\}\s+(\S+)", re.M)
+_SUCCESS = re.compile(r"^vllm:request_success_total(?:\{[^}]*\})?\s+(\S+)", re.M)
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -78,8 +79,11 @@ class Endpoint:
         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         api_key: str | None = None,
         token_counter: Callable[[str], int] | None = None,
+        metrics_urls: list[str] | None = None,
     ) -> None:
         self.base_url = check_base_url(base_url)
+        # Engines whose counters are summed (replicas behind a router); none: the target's own.
+        self.metrics_urls = [check_base_url(url) for url in metrics_urls or []]
         self.timeout_s = timeout_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=CONNECT_TIMEOUT_S)
         # Counts output tokens from the streamed text when a server sends no usage chunk.
@@ -141,6 +145,19 @@ class Endpoint:
         status, text = await self._get("/metrics")
         return text if status == 200 else None
 
+    async def metrics_pages(self) -> dict[str, str | None]:
+        """The /metrics page of every engine counted: each --metrics-url, or the target."""
+        if not self.metrics_urls:
+            return {self.base_url: await self.metrics_text()}
+        pages: dict[str, str | None] = {}
+        for url in self.metrics_urls:
+            try:
+                async with self.session.get(url + "/metrics") as reply:
+                    pages[url] = await reply.text() if reply.status == 200 else None
+            except (aiohttp.ClientError, TimeoutError):
+                pages[url] = None
+        return pages
+
     async def alive(self) -> bool:
         """Whether the server still answers /health at all (any status but a dead socket)."""
         try:
@@ -153,14 +170,19 @@ class Endpoint:
             return False
 
     async def counters(self) -> metrics_parser.SeriesSample | None:
-        """Speculative counters summed over every series; None if the server has none."""
-        return self.counters_of(await self.metrics_text())
+        """Speculative counters summed over every series of every engine counted; None if they
+        have none."""
+        return self.counters_of(*(await self.metrics_pages()).values())
 
     @staticmethod
-    def counters_of(text: str | None) -> metrics_parser.SeriesSample | None:
-        if text is None:
-            return None
-        samples = [s for s in metrics_parser.parse(text).series.values() if s.has_spec_decode]
+    def counters_of(*texts: str | None) -> metrics_parser.SeriesSample | None:
+        samples = [
+            s
+            for text in texts
+            if text is not None
+            for s in metrics_parser.parse(text).series.values()
+            if s.has_spec_decode
+        ]
         if not samples:
             return None
         total = metrics_parser.SeriesSample(has_spec_decode=True)
@@ -178,13 +200,20 @@ class Endpoint:
         return self.prefix_cache_of(await self.metrics_text())
 
     @staticmethod
-    def prefix_cache_of(text: str | None) -> tuple[float, float] | None:
+    def prefix_cache_of(*texts: str | None) -> tuple[float, float] | None:
         totals = {"hits": 0.0, "queries": 0.0}
         found = False
-        for kind, value in _PREFIX_HITS.findall(text or ""):
-            totals[kind] += float(value)
-            found = True
+        for text in texts:
+            for kind, value in _PREFIX_HITS.findall(text or ""):
+                totals[kind] += float(value)
+                found = True
         return (totals["hits"], totals["queries"]) if found else None
+
+    @staticmethod
+    def finished_requests_of(text: str | None) -> float | None:
+        """Requests the engine finished (vllm:request_success_total over every reason)."""
+        values = _SUCCESS.findall(text or "")
+        return sum(float(v) for v in values) if values else None
 
     async def kv_cache_tokens(self) -> int | None:
         text = await self.metrics_text()

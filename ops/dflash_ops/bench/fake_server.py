@@ -32,6 +32,8 @@ class Counters:
         per_pos = [int(drafts * p) for p in (0.8, 0.6, 0.4)]
         lines = [
             f"vllm:num_requests_running{{{labels}}} 0.0",
+            f'vllm:request_success_total{{{labels},finished_reason="length"}} '
+            f"{float(self.requests)}",
             f"vllm:generation_tokens_total{{{labels}}} {float(self.tokens)}",
             f"vllm:spec_decode_num_drafts_total{{{labels}}} {float(drafts)}",
             f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {float(drafts * 3)}",

@@ -90,6 +90,15 @@ def markdown(result: BenchResult) -> str:
                 f"| {level.label} | {_fmt(good.mean if good else None)} | "
                 f"{'n/a' if share is None else f'{share:.1%}'} |"
             )
+    if s.metrics_urls:
+        lines += [
+            "",
+            f"Counters summed over {len(s.metrics_urls)} engine(s): {', '.join(s.metrics_urls)}.",
+        ]
+        for level in result.levels:
+            if level.replica_share:
+                shares = ", ".join(f"{url} {v:.0%}" for url, v in level.replica_share.items())
+                lines.append(f"- {level.label}: requests finished per engine: {shares}")
     for level in result.levels:
         if level.partial:
             lines.append(f"- {level.label}: stopped early: {level.partial}")

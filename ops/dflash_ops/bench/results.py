@@ -131,6 +131,11 @@ class LevelResult(BaseModel):
         description="from /metrics deltas over every run of the level; null when none exported"
     )
     prefix_cache: PrefixCacheStats | None = None
+    replica_share: dict[str, float] | None = Field(
+        default=None,
+        description="each --metrics-url engine's share of the requests it finished "
+        "(vllm:request_success_total deltas); null with one engine",
+    )
     errors: list[str] = Field(default_factory=list, description="first few failed requests")
     failures: dict[str, int] = Field(
         default_factory=dict,
@@ -185,6 +190,11 @@ class BenchSettings(BaseModel):
         default_factory=dict, description="objectives in ms: ttft, tpot, e2e (--goodput)"
     )
     tokenizer: str | None = None
+    metrics_urls: list[str] = Field(
+        default_factory=list,
+        description="engines whose /metrics the counters are summed over (replicas behind a "
+        "router, --metrics-url); empty: the target's own /metrics",
+    )
 
 
 class BenchResult(BaseModel):

@@ -86,6 +86,8 @@ class Snapshot:
 
     spec: SeriesSample | None
     prefix: tuple[float, float] | None  # (hit tokens, queried tokens)
+    # Finished requests per engine counted (--metrics-url), for each replica's share.
+    finished: dict[str, float] = field(default_factory=dict)
 
 
 def went_backwards(before: Snapshot, after: Snapshot) -> bool:
@@ -103,6 +105,9 @@ def went_backwards(before: Snapshot, after: Snapshot) -> bool:
         pairs += [(v, a.accepted_per_pos.get(i, 0.0)) for i, v in b.accepted_per_pos.items()]
     if before.prefix is not None and after.prefix is not None:
         pairs += list(zip(before.prefix, after.prefix, strict=True))
+    pairs += [
+        (n, after.finished[url]) for url, n in before.finished.items() if url in after.finished
+    ]
     return any(later < earlier for earlier, later in pairs)
 
 
@@ -312,6 +317,13 @@ class LevelProgress:
                 hit_tokens=hits,
                 hit_rate=hits / queries if queries else None,
             )
+        share = None
+        if not self.restarted_runs and self.first is not None and self.last is not None:
+            first_done, last_done = self.first.finished, self.last.finished
+            if len(last_done) > 1:
+                done = {url: last_done[url] - first_done.get(url, 0.0) for url in last_done}
+                total = sum(done.values())
+                share = {url: n / total for url, n in done.items()} if total > 0 else None
         failures: dict[str, int] = {}
         for r in self.records:
             if not r.ok:
@@ -343,6 +355,7 @@ class LevelProgress:
             e2e_ms=Percentiles.of_seconds([r.latency_s for r in ok]),
             spec_decode=spec_sum(spec_passes),
             prefix_cache=prefix,
+            replica_share=share,
             errors=[r.error for r in self.records if r.error][:5],
             failures=failures,
             goodput_requests_per_s=goodput,
@@ -356,8 +369,15 @@ class LevelProgress:
 
 
 async def snapshot(endpoint: Endpoint) -> Snapshot:
-    text = await endpoint.metrics_text()
-    return Snapshot(endpoint.counters_of(text), endpoint.prefix_cache_of(text))
+    pages = await endpoint.metrics_pages()
+    finished = {
+        url: n
+        for url, text in pages.items()
+        if (n := endpoint.finished_requests_of(text)) is not None
+    }
+    return Snapshot(
+        endpoint.counters_of(*pages.values()), endpoint.prefix_cache_of(*pages.values()), finished
+    )
 
 
 async def run_level(
@@ -531,7 +551,11 @@ async def run_bench(
     BenchStopped raised carries everything measured, as does an interrupt (`on_result` saw it)."""
     started_at = now_iso()
     endpoint = Endpoint(
-        base_url, timeout_s=settings.request_timeout_s, api_key=api_key, token_counter=token_counter
+        base_url,
+        timeout_s=settings.request_timeout_s,
+        api_key=api_key,
+        token_counter=token_counter,
+        metrics_urls=settings.metrics_urls,
     )
     reference = Endpoint(reference_url, api_key=api_key) if reference_url else None
     done: list[LevelResult] = []

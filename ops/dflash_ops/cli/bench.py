@@ -79,6 +79,16 @@ def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
         help="shared-prefix: how many distinct system prompts (1)",
     )
     parser.add_argument(
+        "--metrics-url",
+        dest="metrics_urls",
+        action="append",
+        type=http_url,
+        metavar="URL",
+        help="an engine whose /metrics the acceptance and prefix-cache counters are read from; "
+        "repeat it for every replica behind a router: the counters are summed and each "
+        "replica's share of the requests is reported (default: the target's own /metrics)",
+    )
+    parser.add_argument(
         "--random-input-len",
         "--input-len",
         dest="input_len",
@@ -300,6 +310,7 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         request_timeout_s=args.request_timeout,
         goodput=args.goodput or {},
         tokenizer=args.tokenizer,
+        metrics_urls=args.metrics_urls or [],
     )
 
 
