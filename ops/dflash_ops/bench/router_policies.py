@@ -28,6 +28,7 @@ from dflash_ops.bench.results import BenchSettings
 from dflash_ops.bench.runner import Level, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.local import stack
+from dflash_ops.local.router import router_argv
 from dflash_ops.local.supervisor import http_ok
 from dflash_ops.loopback import free_port
 
@@ -59,19 +60,6 @@ def say(message: str) -> None:
     print(f"==> router policies: {message}", file=sys.stderr, flush=True)
 
 
-def router_argv(
-    workers: list[str], policy: str, port: int, metrics_port: int, extra: list[str] | None = None
-) -> list[str]:
-    binary = Path(sys.executable).with_name("vllm-router")
-    return [
-        str(binary) if binary.exists() else "vllm-router",
-        "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-        "--policy", policy, "--prometheus-host", "127.0.0.1",
-        "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
-        *(extra or []),
-    ]  # fmt: skip
-
-
 class Router:
     def __init__(
         self, workers: list[str], policy: str, log: Path, extra: list[str] | None = None
@@ -84,14 +72,9 @@ class Router:
 
     def __enter__(self) -> Router:
         with self.log.open("wb") as out:
-            try:
-                self.process = subprocess.Popen(
-                    self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            except FileNotFoundError:
-                raise UserError(
-                    "vllm-router is not installed: pip install 'dflash-serve[router]'"
-                ) from None
+            self.process = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + 60
         while not http_ok(self.url + "/health"):
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -51,7 +51,28 @@ def register(subparsers: Any) -> None:
         default=0.05,
         help="draft = target + noise x each weight's std (0: identical; default 0.05)",
     )
-    up.add_argument("--engine-port", type=_port, default=8000)
+    up.add_argument(
+        "--engine-port",
+        type=_port,
+        default=8000,
+        help="the OpenAI API: the engine's port, or the router's with --replicas > 1 (8000)",
+    )
+    up.add_argument(
+        "--replicas",
+        type=number(int, 1, 8),
+        default=1,
+        help="engines, a sidecar each; more than one: vLLM's router in front of them on "
+        "--engine-port, the engines on --replica-base-port + i and the sidecars on "
+        "--sidecar-port + i (1)",
+    )
+    up.add_argument("--replica-base-port", type=_port, default=8100)
+    up.add_argument(
+        "--router-policy",
+        choices=["cache_aware", "round_robin", "consistent_hash", "power_of_two", "random"],
+        default="cache_aware",
+        help="the router's policy with --replicas > 1 (cache_aware: by prefix)",
+    )
+    up.add_argument("--router-metrics-port", type=_port, default=29000)
     up.add_argument("--sidecar-port", type=_port, default=9100)
     up.add_argument("--prometheus-port", type=_port, default=9090)
     up.add_argument("--no-prometheus", action="store_true")
@@ -99,10 +120,16 @@ def run(args: argparse.Namespace) -> int:
                 engine_timeout_s=args.engine_timeout,
                 host=args.host,
                 enforce_eager=args.enforce_eager,
+                replicas=args.replicas,
+                replica_base_port=args.replica_base_port,
+                router_policy=args.router_policy,
+                router_metrics_port=args.router_metrics_port,
             )
         except ValidationError as err:
             problem = err.errors()[0]
-            raise UserError(f"local up: {problem['loc'][0]}: {problem['msg']}") from None
+            where = f"{problem['loc'][0]}: " if problem["loc"] else ""
+            message = str(problem["msg"]).removeprefix("Value error, ")
+            raise UserError(f"local up: {where}{message}") from None
         state = stack.up(config)
         for record in state.processes:
             print(f"{record.name:<11} {record.url:<26} pid {record.pid:<7} log {record.log}")

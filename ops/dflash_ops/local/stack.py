@@ -1,4 +1,5 @@
-"""`dflash-serve local up|down|status`: a real vLLM CPU engine, the sidecar and Prometheus.
+"""`dflash-serve local up|down|status`: a real vLLM CPU engine, the sidecar and Prometheus; with
+`--replicas N`, N engines (a sidecar each) behind vLLM's router on the main engine port.
 
 Processes run in their own sessions with logs and a `state.json` in the state directory; a pid
 is only trusted while /proc shows the same command line, so a second `up` never starts
@@ -15,12 +16,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops.errors import UserError
 from dflash_ops.local.supervisor import (
@@ -39,9 +41,21 @@ from dflash_ops.paths import RULES_DIR
 from dflash_ops.speculative_config import speculative_config_args
 
 LocalSpecMethod = Literal["draft_model", "ngram", "off"]
+RouterPolicy = Literal["cache_aware", "round_robin", "consistent_hash", "power_of_two", "random"]
 SERVED_MODEL = "tiny"
-# The URL path that answers 200 once each component is ready.
-READY_PATHS = {"engine": "/health", "sidecar": "/readyz", "prometheus": "/-/ready"}
+# The URL path that answers 200 once each kind of component is ready (the router: once one of
+# its engines is healthy).
+READY_PATHS = {
+    "engine": "/health",
+    "sidecar": "/readyz",
+    "router": "/readiness",
+    "prometheus": "/-/ready",
+}
+
+
+def kind_of(name: str) -> str:
+    """engine-1 -> engine: the kind of a component named after its replica."""
+    return name.split("-", 1)[0]
 
 
 class StackConfig(BaseModel):
@@ -66,6 +80,34 @@ class StackConfig(BaseModel):
         description="--enable-scale-out: the render endpoints vllm-router's cache_aware policy "
         "tokenizes requests with (vLLM answers them 403 otherwise)",
     )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="engines, each with its sidecar; more than one: vllm-router in front of "
+        "them on engine_port, the engines on replica_base_port + i",
+    )
+    replica_base_port: int = Field(default=8100, ge=1, le=65535 - 8)
+    router_metrics_port: int = Field(default=29000, ge=1, le=65535)
+    router_policy: RouterPolicy = "cache_aware"
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> StackConfig:
+        used: dict[int, str] = {}
+        wanted = [(self.sidecar_port_of(i), "--sidecar-port") for i in range(self.replicas)]
+        wanted += [(self.engine_port_of(i), "--replica-base-port") for i in range(self.replicas)]
+        if self.routed:
+            wanted += [(self.engine_port, "--engine-port")]
+            wanted += [(self.router_metrics_port, "--router-metrics-port")]
+        if self.prometheus:
+            wanted.append((self.prometheus_port, "--prometheus-port"))
+        for port, flag in wanted:
+            if port > 65535:
+                raise ValueError(f"{flag} leaves no room for {self.replicas} replicas below 65536")
+            if port in used and used[port] != flag:
+                raise ValueError(f"port {port} is asked for by both {used[port]} and {flag}")
+            used.setdefault(port, flag)
+        return self
 
     @property
     def models_dir(self) -> Path:
@@ -78,6 +120,24 @@ class StackConfig(BaseModel):
     @property
     def draft_dir(self) -> Path:
         return self.models_dir / f"draft-noise{self.draft_noise:g}"
+
+    @property
+    def routed(self) -> bool:
+        return self.replicas > 1
+
+    @property
+    def engines_serve_render(self) -> bool:
+        """cache_aware tokenizes through the engines' render endpoints (--enable-scale-out)."""
+        return self.scale_out or (self.routed and self.router_policy == "cache_aware")
+
+    def engine_port_of(self, replica: int) -> int:
+        return self.replica_base_port + replica if self.routed else self.engine_port
+
+    def sidecar_port_of(self, replica: int) -> int:
+        return self.sidecar_port + replica
+
+    def replica_name(self, kind: str, replica: int) -> str:
+        return f"{kind}-{replica}" if self.routed else kind
 
 
 class StackState(BaseModel):
@@ -116,7 +176,7 @@ def ensure_models(config: StackConfig) -> None:
         build_draft(config.target_dir, config.draft_dir, config.draft_noise)
 
 
-def engine_argv(config: StackConfig) -> list[str]:
+def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
     argv = [
         sys.executable,
         "-m",
@@ -128,7 +188,7 @@ def engine_argv(config: StackConfig) -> list[str]:
         "--host",
         config.host,
         "--port",
-        str(config.engine_port),
+        str(config.engine_port if port is None else port),
         "--dtype",
         "float32",
         "--max-model-len",
@@ -138,7 +198,7 @@ def engine_argv(config: StackConfig) -> list[str]:
     ]
     if config.enforce_eager:
         argv.append("--enforce-eager")
-    if config.scale_out:
+    if config.engines_serve_render:
         argv.append("--enable-scale-out")
     # The draft is named relative to the engine's working directory (the models directory):
     # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
@@ -149,19 +209,35 @@ def engine_argv(config: StackConfig) -> list[str]:
 
 
 def prometheus_config(config: StackConfig) -> Path:
+    """Every engine and sidecar (one pod label per replica), and the router, as the chart's
+    PodMonitors label them."""
     path = config.state_dir / "prometheus.yml"
-    path.write_text(
+
+    def targets(port_of: Callable[[int], int]) -> str:
+        return "".join(
+            f"      - targets: ['127.0.0.1:{port_of(i)}']\n"
+            f"        labels: {{namespace: local, pod: local-{i}, release: local, "
+            "role: speculative}\n"
+            for i in range(config.replicas)
+        )
+
+    text = (
         "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
         "rule_files:\n"
         f"  - {RULES_DIR / '*.yaml'}\n"
         "scrape_configs:\n"
         "  - job_name: vllm\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{config.engine_port}']\n"
-        "        labels: {namespace: local, pod: local-0, release: local, role: speculative}\n"
-        "  - job_name: dflash-sidecar\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{config.sidecar_port}']\n"
-        "        labels: {namespace: local, pod: local-0, release: local, role: speculative}\n"
+        + targets(config.engine_port_of)
+        + "  - job_name: dflash-sidecar\n    static_configs:\n"
+        + targets(config.sidecar_port_of)
     )
+    if config.routed:
+        text += (
+            "  - job_name: vllm-router\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{config.router_metrics_port}']\n"
+            "        labels: {namespace: local, pod: router-0, release: local}\n"
+        )
+    path.write_text(text)
     return path
 
 
@@ -186,16 +262,16 @@ def _check_engine_installed() -> None:
         )
 
 
-def _check_shared_memory(shm: Path = Path("/dev/shm")) -> None:
+def _check_shared_memory(needed: int = ENGINE_SHM_BYTES, shm: Path = Path("/dev/shm")) -> None:
     try:
         free = shutil.disk_usage(shm).free
     except OSError:
         return  # no /dev/shm to measure: let the engine say what it needs
-    if free < ENGINE_SHM_BYTES:
+    if free < needed:
         raise UserError(
-            f"{shm} has {free // 1024**2} MiB free; the vLLM CPU engine needs "
-            f"{ENGINE_SHM_BYTES // 1024**2} MiB of shared memory: in a container, run it with "
-            "--shm-size=1g (or --ipc=host)"
+            f"{shm} has {free // 1024**2} MiB free; the vLLM CPU engines need "
+            f"{needed // 1024**2} MiB of shared memory ({ENGINE_SHM_BYTES // 1024**2} MiB each): "
+            "in a container, run it with --shm-size=1g (or --ipc=host)"
         )
 
 
@@ -212,10 +288,10 @@ def _engine_ready(record: ProcessRecord) -> bool:
 
 
 def _ready(record: ProcessRecord) -> bool:
-    """The component answers its readiness path (the engine: and serves our model)."""
-    if record.name == "engine":
+    """The component answers its readiness path (an engine: and serves our model)."""
+    if kind_of(record.name) == "engine":
         return _engine_ready(record)
-    return http_ok(record.url + READY_PATHS[record.name])
+    return http_ok(record.url + READY_PATHS[kind_of(record.name)])
 
 
 def up(config: StackConfig) -> StackState:
@@ -272,7 +348,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _wanted(config: StackConfig) -> list[str]:
-    names = ["engine", "sidecar"]
+    names = [config.replica_name("engine", i) for i in range(config.replicas)]
+    names += [config.replica_name("sidecar", i) for i in range(config.replicas)]
+    if config.routed:
+        names.append("router")
     if config.prometheus and shutil.which("prometheus"):
         names.append("prometheus")
     return names
@@ -290,33 +369,42 @@ class Component:
     timeout_s: float
     env: dict[str, str] | None = None
     cwd: Path | None = None
+    title: str | None = None  # what the process renames itself to (see ProcessRecord.title)
 
 
 def _components(config: StackConfig) -> list[Component]:
-    engine_url = f"http://127.0.0.1:{config.engine_port}"
+    engine_flag = "--replica-base-port" if config.routed else "--engine-port"
+    engine_urls = [f"http://127.0.0.1:{config.engine_port_of(i)}" for i in range(config.replicas)]
     components = [
         Component(
-            "engine",
-            engine_argv(config),
-            engine_url,
-            config.engine_port,
-            "--engine-port",
+            config.replica_name("engine", i),
+            engine_argv(config, config.engine_port_of(i)),
+            engine_urls[i],
+            config.engine_port_of(i),
+            engine_flag,
             config.engine_timeout_s,
             env={"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
             cwd=config.models_dir,  # engine_argv names the draft relative to it
-        ),
+        )
+        for i in range(config.replicas)
+    ]
+    components += [
         Component(
-            "sidecar",
+            config.replica_name("sidecar", i),
             [
-                sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", engine_url,
-                "--host", "127.0.0.1", "--port", str(config.sidecar_port), "--log-level", "warning",
+                sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", engine_urls[i],
+                "--host", "127.0.0.1", "--port", str(config.sidecar_port_of(i)),
+                "--log-level", "warning",
             ],
-            f"http://127.0.0.1:{config.sidecar_port}",
-            config.sidecar_port,
+            f"http://127.0.0.1:{config.sidecar_port_of(i)}",
+            config.sidecar_port_of(i),
             "--sidecar-port",
             120.0,
-        ),
+        )
+        for i in range(config.replicas)
     ]  # fmt: skip
+    if config.routed:
+        components += _router_components(config, engine_urls)
     prometheus_bin = shutil.which("prometheus")
     if config.prometheus and prometheus_bin:
         components.append(
@@ -339,6 +427,34 @@ def _components(config: StackConfig) -> list[Component]:
     return components
 
 
+# The router checks each engine's /health every 2 s and ejects it after 2 failures in a row;
+# the first request that fails on a replica opens its circuit for 10 s at once. Measured with a
+# replica SIGKILLed mid-run: with the router's default circuit (10 failures) requests sent to the
+# dead replica before its ejection failed too; with 1, only the requests in flight on it did.
+# A replica back up gets requests again after one passed check and the 10 s.
+ROUTER_HEALTH_ARGS = [
+    "--health-check-interval-secs", "2", "--health-failure-threshold", "2",
+    "--health-success-threshold", "1", "--cb-failure-threshold", "1",
+    "--cb-timeout-duration-secs", "10", "--retry-max-retries", "3",
+]  # fmt: skip
+
+
+def _router_components(config: StackConfig, engine_urls: list[str]) -> list[Component]:
+    """vllm-router on the main engine port (and its metrics port), in front of the engines."""
+    from dflash_ops.local.router import PROCESS_TITLE, router_argv
+
+    argv = router_argv(
+        engine_urls, config.router_policy, config.engine_port, config.router_metrics_port,
+        ROUTER_HEALTH_ARGS, host=config.host,
+    )  # fmt: skip
+    # Its health checks (2 s) and the policy's first calls: bounded, not a model load.
+    router = Component(
+        "router", argv, f"http://127.0.0.1:{config.engine_port}", config.engine_port,
+        "--engine-port", 60.0, title=PROCESS_TITLE,
+    )  # fmt: skip
+    return [router]
+
+
 def _start(config: StackConfig, previous: StackState | None) -> StackState:
     kept = {p.name: p for p in (previous.processes if previous else []) if alive(p)}
     for record in previous.processes if previous else []:
@@ -349,20 +465,28 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
     for component in components:
         if component.name not in kept:  # before anything starts: a stranger is not our engine
             check_port_free(config.host, component.port, component.name, component.port_flag)
-    if "engine" not in kept:
+    for component in components:
+        if component.name not in kept and component.name == "router":
+            check_port_free(
+                config.host, config.router_metrics_port, "router metrics", "--router-metrics-port"
+            )
+    if any(kind_of(c.name) == "engine" and c.name not in kept for c in components):
         _check_engine_installed()
-        _check_shared_memory()
+        _check_shared_memory(ENGINE_SHM_BYTES * config.replicas)
     ensure_models(config)
     try:
         for component in components:
             if component.name in kept:
                 state.processes.append(kept[component.name])
                 continue
-            if component.name == "engine":
+            if kind_of(component.name) == "engine":
+                which = f" {component.name}" if config.routed else ""
                 say(
-                    f"starting the vLLM CPU engine ({config.method}, "
+                    f"starting the vLLM CPU engine{which} ({config.method}, "
                     f"k={config.num_speculative_tokens})"
                 )
+            elif component.name == "router":
+                say(f"starting vllm-router ({config.router_policy}) in front of the engines")
             record = spawn(
                 component.name,
                 component.argv,
@@ -370,6 +494,7 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
                 config.state_dir / f"{component.name}.log",
                 cwd=component.cwd,
                 env=component.env,
+                title=component.title,
             )
             state.processes.append(record)
             _save_state(state)
@@ -417,7 +542,7 @@ def status(state_dir: Path) -> list[dict[str, object]]:
         return []
     rows: list[dict[str, object]] = []
     for record in state.processes:
-        probe = READY_PATHS[record.name]
+        probe = READY_PATHS[kind_of(record.name)]
         running = alive(record)
         members = group_members(record)
         rows.append(

@@ -38,6 +38,8 @@ class ProcessRecord(BaseModel):
     argv: list[str]
     marker: str = ""  # DFLASH_LOCAL_PROCESS of the component's processes
     start_time: int | None = None  # the leader's start, clock ticks after boot (/proc stat)
+    # The title a program gives itself in place of its command line (setproctitle), if it does.
+    title: str | None = None
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -73,7 +75,8 @@ def alive(record: ProcessRecord) -> bool:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    if [c.decode(errors="replace") for c in cmdline if c] != record.argv:
+    shown = [c.decode(errors="replace") for c in cmdline if c]
+    if shown != record.argv and (record.title is None or shown != [record.title]):
         return False
     return record.start_time is None or start_time(record.pid) == record.start_time
 
@@ -93,7 +96,10 @@ def group_members(record: ProcessRecord) -> list[int]:
         # state ppid pgrp ...
         if fields is None or len(fields) < 3 or fields[2] != str(record.pid) or fields[0] == "Z":
             continue
-        if record.marker and not _has_marker(entry.name, record.marker):
+        # setproctitle (vllm-router) overwrites the environment /proc shows with the title:
+        # such a leader is known by its title and start time instead of its marker.
+        renamed_leader = record.title and entry.name == str(record.pid) and alive(record)
+        if record.marker and not _has_marker(entry.name, record.marker) and not renamed_leader:
             continue
         members.append(int(entry.name))
     return members
@@ -114,6 +120,7 @@ def spawn(
     log_path: Path,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
+    title: str | None = None,
 ) -> ProcessRecord:
     if cwd is not None:
         cwd.mkdir(parents=True, exist_ok=True)
@@ -136,6 +143,7 @@ def spawn(
         argv=argv,
         marker=marker,
         start_time=start_time(process.pid),
+        title=title,
     )
     # /proc shows the command line only once exec has finished; wait for it (or for an exit).
     deadline = time.monotonic() + 5

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from dflash_ops.bench.router_policies import PolicyRun, RouterPolicyReport, router_argv, table
+from dflash_ops.bench.router_policies import PolicyRun, RouterPolicyReport, table
 from dflash_ops.cli.bench_router import policy_list
+from dflash_ops.local.router import router_argv
 
 
 def run(policy: str, hit_rate: float | None, share: dict[str, float]) -> PolicyRun:

@@ -230,3 +230,95 @@ def test_a_bad_host_is_named_as_such_not_as_a_port_in_use(
 ) -> None:
     with pytest.raises(UserError, match=message):
         stack.up(config(tmp_path, host=host, engine_port=free_port()))
+
+
+# -- replicas behind vLLM's router ----------------------------------------------------------
+
+
+def test_a_router_that_renames_itself_is_still_known_and_stopped(tmp_path: Path) -> None:
+    """vllm-router calls setproctitle: /proc then shows `vllm::router` and none of the
+    environment the marker lives in. status must still see it, and down must stop it."""
+    pytest.importorskip("vllm_router", reason="the router extra (vllm-router) is not installed")
+    from dflash_ops.local.router import PROCESS_TITLE, router_argv
+
+    cfg = config(tmp_path)
+    port = free_port()
+    record = supervisor.spawn(
+        "router",
+        router_argv([], "round_robin", port, free_port()),
+        f"http://127.0.0.1:{port}",
+        tmp_path / "router.log",
+        title=PROCESS_TITLE,
+    )
+    stack._save_state(stack.StackState(config=cfg, processes=[record]))
+    try:
+        deadline = time.monotonic() + 30
+        while not supervisor.http_ok(f"{record.url}/liveness"):
+            assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()[-2000:]
+            time.sleep(0.2)
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")[0]
+        assert cmdline == PROCESS_TITLE.encode()  # it did rename itself
+        assert supervisor.alive(record)
+        assert supervisor.group_members(record) == [record.pid]
+        (row,) = stack.status(tmp_path)
+        assert row["running"] is True
+        assert stack.down(tmp_path) == ["router"]
+        assert not Path(f"/proc/{record.pid}").exists() or not supervisor.alive(record)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pid, signal.SIGKILL)
+
+
+def test_replicas_get_their_own_ports_and_the_router_the_main_one(tmp_path: Path) -> None:
+    cfg = config(tmp_path, replicas=3, prometheus=True)
+    components = {c.name: c for c in stack._components(cfg)}
+    assert [n for n in components if n != "prometheus"] == [
+        "engine-0", "engine-1", "engine-2", "sidecar-0", "sidecar-1", "sidecar-2", "router",
+    ]  # fmt: skip
+    assert [components[f"engine-{i}"].port for i in range(3)] == [8100, 8101, 8102]
+    assert [components[f"sidecar-{i}"].port for i in range(3)] == [9100, 9101, 9102]
+    router = components["router"]
+    assert router.port == 8000
+    workers = router.argv[router.argv.index("--worker-urls") + 1 : router.argv.index("--policy")]
+    assert workers == [f"http://127.0.0.1:{p}" for p in (8100, 8101, 8102)]
+    # Each sidecar watches its own engine.
+    for i in range(3):
+        argv = components[f"sidecar-{i}"].argv
+        assert argv[argv.index("--engine-url") + 1] == f"http://127.0.0.1:{8100 + i}"
+    # cache_aware tokenizes through the engines' render endpoints; other policies need none.
+    assert all("--enable-scale-out" in components[f"engine-{i}"].argv for i in range(3))
+    plain = stack._components(config(tmp_path, replicas=2, router_policy="round_robin"))
+    assert not any("--enable-scale-out" in c.argv for c in plain if c.name.startswith("engine"))
+    # One replica: the names and ports of before, no router.
+    single = [c.name for c in stack._components(config(tmp_path))]
+    assert single == ["engine", "sidecar"]
+
+
+def test_prometheus_scrapes_every_replica_and_the_router(tmp_path: Path) -> None:
+    import yaml
+
+    cfg = config(tmp_path, replicas=2, prometheus=True)
+    scrape = yaml.safe_load(stack.prometheus_config(cfg).read_text())["scrape_configs"]
+    jobs = {job["job_name"]: job["static_configs"] for job in scrape}
+    assert [s["targets"] for s in jobs["vllm"]] == [["127.0.0.1:8100"], ["127.0.0.1:8101"]]
+    assert [s["labels"]["pod"] for s in jobs["vllm"]] == ["local-0", "local-1"]
+    assert [s["targets"] for s in jobs["dflash-sidecar"]] == [
+        ["127.0.0.1:9100"],
+        ["127.0.0.1:9101"],
+    ]
+    assert jobs["vllm-router"][0]["targets"] == ["127.0.0.1:29000"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"replicas": 2, "replica_base_port": 9099}, "--sidecar-port and --replica-base-port"),
+        ({"replicas": 2, "router_metrics_port": 9090, "prometheus": True}, "--prometheus-port"),
+        ({"replicas": 2, "engine_port": 8101}, "--replica-base-port and --engine-port"),
+    ],
+)
+def test_ports_asked_for_twice_are_named(
+    tmp_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, **overrides)
