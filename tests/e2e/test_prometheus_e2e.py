@@ -1,9 +1,10 @@
 """The chart's monitoring, run for real: a Prometheus configured as the Prometheus Operator would
-configure it from the chart's rendered PodMonitor (its relabelling included) and PrometheusRule,
-scraping the local stack's real vLLM CPU engine and sidecar under load. Every dashboard and rule
-expression must evaluate, the speculative-decoding panels and recording rules must return data,
-a healthy engine must raise no alert, and the prometheus-adapter query behind the HPA mode must
-return the queue per pod."""
+configure it from the chart's rendered PodMonitors (their relabelling included) and
+PrometheusRule, scraping the local stack's real vLLM CPU engine and sidecar, and the real
+vllm-router in front of that engine (the chart rendered with router.enabled), under load. Every
+dashboard and rule expression must evaluate, the speculative-decoding panels and recording rules
+must return data, a healthy engine must raise no alert, and the prometheus-adapter query behind
+the HPA mode must return the queue per pod."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from dflash_ops.bench.client import Endpoint
+from dflash_ops.bench.router_policies import Router
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.local import stack
 from dflash_ops.loopback import free_port
@@ -59,9 +61,27 @@ def missing_metrics(prometheus: str, expr: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def chart_monitoring() -> dict[str, dict]:  # type: ignore[type-arg]
-    text = helm_template([], [], RELEASE, NAMESPACE)
-    docs = {d["kind"]: d for d in yaml.safe_load_all(text) if d}
-    return {k: docs[k] for k in ("PodMonitor", "PrometheusRule", "Deployment")}
+    """The render's monitoring objects; the router's under keys of their own."""
+    text = helm_template([], ["router.enabled=true"], RELEASE, NAMESPACE)
+    found = {}
+    for doc in yaml.safe_load_all(text):
+        if doc and doc["kind"] in ("PodMonitor", "PrometheusRule", "Deployment"):
+            router = doc["metadata"]["name"].endswith("-router")
+            found[("Router" if router else "") + doc["kind"]] = doc
+    return found
+
+
+@pytest.fixture(scope="module")
+def router(
+    local_stack: stack.StackState, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The real vllm-router (cache_aware, as the chart's default) in front of the engine; yields
+    its API URL. Its metrics port is the one its URL's port + the Router's metrics_port."""
+    pytest.importorskip("vllm_router", reason="the router extra (vllm-router) is not installed")
+    engine = next(p.url for p in local_stack.processes if p.name == "engine")
+    log = tmp_path_factory.mktemp("router") / "router.log"
+    with Router([engine], "cache_aware", log) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +97,7 @@ def rules(chart_monitoring: dict[str, dict]) -> list[tuple[str, str]]:  # type: 
 @pytest.fixture(scope="module")
 def operator_prometheus(
     local_stack: stack.StackState,
+    router: Router,
     chart_monitoring: dict[str, dict],  # type: ignore[type-arg]
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
@@ -91,7 +112,14 @@ def operator_prometheus(
         labels=pod_template["metadata"]["labels"],
         ports={"http": ("vllm", ports["engine"]), "sidecar": ("sidecar", ports["sidecar"])},
     )
+    router_pod = LocalPod(
+        namespace=NAMESPACE,
+        name="dflash-dflash-serve-router-5d8c-q9w2",
+        labels=chart_monitoring["RouterDeployment"]["spec"]["template"]["metadata"]["labels"],
+        ports={"metrics": ("router", router.metrics_port)},
+    )
     configs = scrape_configs(chart_monitoring["PodMonitor"], pod)
+    configs += scrape_configs(chart_monitoring["RouterPodMonitor"], router_pod)
     for config in configs:
         config["scrape_interval"] = "5s"  # the render says 15s: faster here, same relabelling
     work = tmp_path_factory.mktemp("operator-prometheus")
@@ -138,11 +166,11 @@ def operator_prometheus(
 
 @pytest.fixture(scope="module")
 def prometheus_under_load(
-    operator_prometheus: str, local_stack: stack.StackState, rules: list[tuple[str, str]]
+    operator_prometheus: str, router: Router, rules: list[tuple[str, str]]
 ) -> str:
-    """Load on the engine until every recording rule has produced a series (at least 20 s:
-    several 5 s scrapes and rule evaluations under load), with a deadline."""
-    engine = next(p.url for p in local_stack.processes if p.name == "engine")
+    """Load on the engine, through the router, until every recording rule has produced a series
+    (at least 20 s: several 5 s scrapes and rule evaluations under load), with a deadline."""
+    engine = router.url
     recorded = [name for name, _ in rules if name.startswith("dflash:")]
 
     async def load(minimum: float, deadline: float) -> list[str]:
@@ -184,11 +212,14 @@ def prometheus_under_load(
 
 def test_targets_carry_the_labels_the_dashboards_select_on(prometheus_under_load: str) -> None:
     up = query(prometheus_under_load, "up")
-    assert {r["metric"]["endpoint"] for r in up} == {"http", "sidecar"}
+    assert {r["metric"]["endpoint"] for r in up} == {"http", "sidecar", "metrics"}
     for result in up:
         labels = result["metric"]
         assert result["value"][1] == "1", labels
         assert labels["namespace"] == NAMESPACE and labels["release"] == RELEASE
+        if labels["endpoint"] == "metrics":  # the router's PodMonitor
+            assert labels["job"] == f"{NAMESPACE}/dflash-dflash-serve-router"
+            continue
         assert (
             labels["role"] == "speculative" and labels["job"] == f"{NAMESPACE}/dflash-dflash-serve"
         )

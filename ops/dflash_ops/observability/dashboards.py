@@ -492,11 +492,89 @@ def serving() -> dict[str, Any]:
             ]
         },
     )
+    router_panels(b)
     return b.dashboard(
         "dflash-serving",
         "dflash-serve / Serving",
         "Latency, throughput, queue and KV cache of the vLLM engines served by dflash-serve.",
         baseline=False,
+    )
+
+
+# The router's series carry the release (the chart's PodMonitor) and a `worker` per replica.
+ROUTER_SEL = 'namespace=~"$namespace", release=~"$release"'
+
+
+def router_panels(b: Board) -> None:
+    """vLLM's router (router.enabled, or `local up --replicas N`); empty without one."""
+    b.panel(
+        "Requests per replica (router)",
+        "Requests the router sent to each engine replica. With cache_aware one replica may get "
+        "more: requests go where their prefix is cached unless the loads differ by more than "
+        "router.cacheAware.balance*Threshold.",
+        "reqps",
+        [
+            (
+                "sum by (worker) (rate(vllm_router_processed_requests_total"
+                f"{{{ROUTER_SEL}}}[{R}]))",
+                "{{worker}}",
+            )
+        ],
+    )
+    b.panel(
+        "Prefix routing decisions (router)",
+        "cache_aware's decisions: prefix_hit sent the request to the replica whose tree held "
+        "the longest match; prefix_miss to the least loaded; missing_tokens routed without "
+        "knowing the prompt's tokens (the engines refuse the render endpoints: they need "
+        "--enable-scale-out, which the chart sets for cache_aware).",
+        "reqps",
+        [
+            (
+                "sum by (outcome) (rate(vllm_router_prefix_routing_decisions_total"
+                f"{{{ROUTER_SEL}}}[{R}]))",
+                "{{outcome}}",
+            )
+        ],
+    )
+    b.panel(
+        "Replica health (router)",
+        "Per replica: healthy when its /health checks pass and its circuit is closed; ejected "
+        "(no requests) after failed health checks or failed requests (DFlashRouterWorkerEjected "
+        "warns when that lasts 2 minutes while others serve).",
+        "none",
+        [
+            (
+                f"min by (worker) (vllm_router_worker_health{{{ROUTER_SEL}}}) * "
+                f"on (worker) group_left () (1 - clamp_max(max by (worker) "
+                f"(vllm_router_cb_state{{{ROUTER_SEL}}}), 1))",
+                "{{worker}}",
+            )
+        ],
+        kind="state-timeline",
+        defaults={
+            "mappings": [
+                {
+                    "type": "value",
+                    "options": {
+                        "0": {"text": "ejected", "color": "red"},
+                        "1": {"text": "healthy", "color": "green"},
+                    },
+                }
+            ]
+        },
+    )
+    b.panel(
+        "Requests in flight per replica (router)",
+        "Requests the router has sent to each replica and not yet seen finish: the load the "
+        "cache_aware balance thresholds compare (the router exports no queue depth of its own; "
+        "the engines' queues are in the panels above).",
+        "none",
+        [
+            (
+                f"sum by (worker) (vllm_router_running_requests{{{ROUTER_SEL}}})",
+                "{{worker}}",
+            )
+        ],
     )
 
 

@@ -104,14 +104,15 @@ def test_every_panel_has_unit_description_and_queries(name: str) -> None:
 
 
 def test_every_expression_parses_and_names_known_families() -> None:
-    known_prefixes = ("vllm:", "dflash_", "dflash:", "up")
+    # vLLM's engine, ours, vLLM's router (vllm_router_*), Prometheus' own.
+    known_prefixes = ("vllm:", "dflash_", "dflash:", "vllm_router_", "up")
     expressions = [e for _, e in rule_expressions()] + [
         expand_grafana(e, ALL_SERIES_VARIABLES) for _, _, e in dashboard_expressions()
     ]
     for expr in expressions:
         names = metric_names(expr)
         assert names and all(
-            n.startswith(known_prefixes[:3]) or n in known_prefixes[3:] for n in names
+            n.startswith(known_prefixes[:4]) or n in known_prefixes[4:] for n in names
         ), (expr, names)
 
 
