@@ -17,7 +17,8 @@ def test_cache_aware_routing_keeps_the_single_replica_hit_rate(tmp_path: Path) -
     out = tmp_path / "router.json"
     done = subprocess.run(
         [sys.executable, "-m", "dflash_ops.cli", "bench", "router-policies", "--replicas", "2",
-         "--policies", "cache_aware,round_robin", "--prefix-groups", "8", "--num-prompts", "48",
+         "--policies", "cache_aware,kv_aware,round_robin", "--prefix-groups", "8",
+         "--num-prompts", "48",
          "--concurrency", "4", "--max-tokens", "4", "--enforce-eager",
          "--state-dir", str(tmp_path / "stacks"), "--out", str(out)],
         capture_output=True, text=True, timeout=1800,
@@ -37,6 +38,12 @@ def test_cache_aware_routing_keeps_the_single_replica_hit_rate(tmp_path: Path) -
     # engines serve only with --enable-scale-out), not blindly.
     decisions = (tmp_path / "stacks" / "router-cache_aware.metrics").read_text()
     assert 'outcome="prefix_hit"' in decisions
+    # kv_aware placed requests by the KV-cache events the engines published (ZMQ), not blind.
+    kv = (tmp_path / "stacks" / "router-kv_aware.metrics").read_text()
+    assert 'outcome="prefix_cost"' in kv, kv[-2000:]
+    assert (
+        runs["kv_aware"]["failed"] == 0 and runs["kv_aware"]["hit_rate"] > spread["hit_rate"] * 0.9
+    )
     assert "| cache_aware |" in done.stdout and "vs single replica" in done.stdout
     # Nothing is left running.
     for replica in (tmp_path / "stacks").glob("replica-*"):

@@ -3,8 +3,9 @@ replicas: N CPU engines of the local stack, the real `vllm-router` in front with
 turn, the shared-prefix prompt set with several prefix groups sent through it.
 
 For every run the prefix-cache hit rate is summed over the replicas from their own /metrics
-deltas, each replica's share of requests is read from the router's
-`vllm_router_processed_requests_total`, and TTFT and throughput come from the benchmark. A
+deltas, each replica's share of requests from the requests it finished
+(`vllm:request_success_total`: the router counts them for some policies only), and TTFT and
+throughput come from the benchmark. kv_aware is fed by the engines' KV-cache events (ZMQ). A
 single replica alone gives the reference hit rate. Every run uses fresh prefixes (its own seed),
 so no run profits from what an earlier one left in the caches.
 """
@@ -32,7 +33,7 @@ from dflash_ops.local.router import router_argv
 from dflash_ops.local.supervisor import http_ok
 from dflash_ops.loopback import free_port
 
-_PROCESSED = re.compile(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\}\s+(\S+)', re.M)
+_BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 
 
 class PolicyRun(BaseModel):
@@ -90,9 +91,6 @@ class Router:
         with urllib.request.urlopen(url, timeout=5) as reply:
             return str(reply.read().decode())
 
-    def processed(self) -> dict[str, float]:
-        return {worker: float(v) for worker, v in _PROCESSED.findall(self.metrics())}
-
     def __exit__(self, *exc: object) -> None:
         if self.process is not None and self.process.poll() is None:
             # Its routing decisions, for whoever wants to know why it routed as it did.
@@ -106,35 +104,53 @@ class Router:
                 self.process.wait(timeout=10)
 
 
-async def _prefix(urls: list[str]) -> tuple[float, float]:
+async def _counters(urls: list[str]) -> tuple[float, float, dict[str, float]]:
+    """(prefix-cache hit tokens, queried tokens) summed over the engines, and the requests
+    each engine finished (its own vllm:request_success_total: the router counts them for some
+    policies only)."""
     hits = queries = 0.0
+    finished: dict[str, float] = {}
     for url in urls:
         endpoint = Endpoint(url)
         try:
-            found = await endpoint.prefix_cache()
+            text = await endpoint.metrics_text()
         finally:
             await endpoint.aclose()
+        found = Endpoint.prefix_cache_of(text)
         if found is None:
             raise UserError(f"{url} exports no vllm:prefix_cache_* counters")
         hits, queries = hits + found[0], queries + found[1]
-    return hits, queries
+        finished[url] = Endpoint.finished_requests_of(text) or 0.0
+    return hits, queries, finished
+
+
+async def _block_size(url: str) -> int:
+    """The engine's KV block size, from its vllm:cache_config_info."""
+    endpoint = Endpoint(url)
+    try:
+        text = await endpoint.metrics_text() or ""
+    finally:
+        await endpoint.aclose()
+    found = _BLOCK_SIZE.search(text)
+    if found is None:
+        raise UserError(f"{url} reports no block_size in vllm:cache_config_info")
+    return int(found.group(1))
 
 
 def one_run(
     policy: str, target: str, engines: list[str], settings: BenchSettings, concurrency: int,
     router: Router | None,
 ) -> PolicyRun:  # fmt: skip
-    before = asyncio.run(_prefix(engines))
-    processed_before = router.processed() if router else {}
+    before = asyncio.run(_counters(engines))
     result = asyncio.run(run_bench(target, stack.SERVED_MODEL, [Level(concurrency)], settings))
-    after = asyncio.run(_prefix(engines))
+    after = asyncio.run(_counters(engines))
     level = result.levels[0]
     hits, queries = after[0] - before[0], after[1] - before[1]
     share: dict[str, float] = {}
     if router is not None:
-        done = {w: n - processed_before.get(w, 0.0) for w, n in router.processed().items()}
+        done = {url: after[2][url] - before[2].get(url, 0.0) for url in engines}
         total = sum(done.values()) or 1.0
-        share = {w: n / total for w, n in sorted(done.items())}
+        share = {url: n / total for url, n in done.items() if n > 0}
     return PolicyRun(
         policy=policy,
         hit_rate=hits / queries if queries else None,
@@ -166,6 +182,7 @@ def measure(
     models.mkdir(exist_ok=True)
     dirs = [state_root / f"replica-{i}" for i in range(replicas)]
     runs: list[PolicyRun] = []
+    kv_sources: list[str] = []
     try:
         engines = []
         for i, state_dir in enumerate(dirs):
@@ -173,14 +190,17 @@ def measure(
             if not (state_dir / "models").exists():
                 (state_dir / "models").symlink_to(models.resolve())
             say(f"starting replica {i + 1}/{replicas}")
+            events = free_port() if "kv_aware" in policies else None
             state = stack.up(
                 stack.StackConfig(
                     state_dir=state_dir, engine_port=free_port(), sidecar_port=free_port(),
                     method="off", prometheus=False, enforce_eager=enforce_eager,
-                    scale_out=scale_out,
+                    scale_out=scale_out, kv_events_port=events,
                 )
             )  # fmt: skip
             engines.append(next(p.url for p in state.processes if p.name == "engine"))
+            if events is not None:
+                kv_sources.append(f"--kv-event-source={engines[-1]}=tcp://127.0.0.1:{events}")
 
         def settings(seed: int) -> BenchSettings:
             return BenchSettings(
@@ -194,7 +214,14 @@ def measure(
         for seed, policy in enumerate(policies, start=2):
             say(f"{policy} over {replicas} replicas")
             log = state_root / f"router-{policy}.log"
-            with Router(engines, policy, log, router_args) as router:
+            extra = list(router_args or [])
+            if policy == "kv_aware":
+                # The router hashes the prompt's tokens in blocks of the engines' block size to
+                # match the hashes of the blocks the engines report stored.
+                block = asyncio.run(_block_size(engines[0]))
+                extra += [*kv_sources, "--kv-event-block-size", str(block)]
+                extra += ["--kv-event-model", stack.SERVED_MODEL]
+            with Router(engines, policy, log, extra) as router:
                 runs.append(
                     one_run(policy, router.url, engines, settings(seed), concurrency, router)
                 )

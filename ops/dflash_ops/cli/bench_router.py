@@ -10,8 +10,9 @@ from typing import Any
 from dflash_ops.cli.arguments import choice_list, number
 from dflash_ops.errors import UserError
 
-# vllm-router 0.1.17's --policy choices that need nothing beyond worker URLs.
-POLICIES = ("cache_aware", "round_robin", "consistent_hash", "power_of_two", "random")
+# vllm-router 0.1.17's --policy choices for plain HTTP workers; kv_aware is fed by the engines'
+# KV-cache events (the benchmark starts the engines with --kv-events-config for it).
+POLICIES = ("cache_aware", "kv_aware", "round_robin", "consistent_hash", "power_of_two", "random")
 
 
 policy_list = choice_list(POLICIES, "policies", "cache_aware,round_robin")

@@ -87,6 +87,13 @@ class StackConfig(BaseModel):
         description="engines, each with its sidecar; more than one: vllm-router in front of "
         "them on engine_port, the engines on replica_base_port + i",
     )
+    kv_events_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="publish the engine's KV-cache events on tcp://127.0.0.1:PORT (ZMQ), for "
+        "vllm-router's kv_aware policy; one engine only",
+    )
     replica_base_port: int = Field(default=8100, ge=1, le=65535 - 8)
     router_metrics_port: int = Field(default=29000, ge=1, le=65535)
     router_policy: RouterPolicy = "cache_aware"
@@ -200,6 +207,14 @@ def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
         argv.append("--enforce-eager")
     if config.engines_serve_render:
         argv.append("--enable-scale-out")
+    if config.kv_events_port is not None:
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://127.0.0.1:{config.kv_events_port}",
+            "topic": "kv-events",
+        }
+        argv += ["--kv-events-config", json.dumps(events)]
     # The draft is named relative to the engine's working directory (the models directory):
     # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
     # as a checkout named dflash-serve does.
