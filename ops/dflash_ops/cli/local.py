@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Build a tiny target and a perturbed draft on the fly (no download), start a real "
             "vLLM CPU engine with speculative decoding, the sidecar, and Prometheus if it is "
-            "installed. State and logs live in --state-dir."
+            "installed; with --replicas N, N engines with a sidecar each behind vLLM's router. "
+            "State and logs live in --state-dir."
         ),
     )
     actions = parser.add_subparsers(dest="local_action", metavar="ACTION", required=True)

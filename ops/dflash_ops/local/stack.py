@@ -100,6 +100,8 @@ class StackConfig(BaseModel):
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> StackConfig:
+        if self.kv_events_port is not None and self.routed:
+            raise ValueError("kv_events_port serves one engine: it cannot be set with replicas > 1")
         used: dict[int, str] = {}
         wanted = [(self.sidecar_port_of(i), "--sidecar-port") for i in range(self.replicas)]
         wanted += [(self.engine_port_of(i), "--replica-base-port") for i in range(self.replicas)]

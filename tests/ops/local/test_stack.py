@@ -315,6 +315,7 @@ def test_prometheus_scrapes_every_replica_and_the_router(tmp_path: Path) -> None
         ({"replicas": 2, "replica_base_port": 9099}, "--sidecar-port and --replica-base-port"),
         ({"replicas": 2, "router_metrics_port": 9090, "prometheus": True}, "--prometheus-port"),
         ({"replicas": 2, "engine_port": 8101}, "--replica-base-port and --engine-port"),
+        ({"replicas": 2, "kv_events_port": 5557}, "kv_events_port serves one engine"),
     ],
 )
 def test_ports_asked_for_twice_are_named(
