@@ -18,6 +18,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports_in_a_row(count: int) -> int:
+    """The first of `count` consecutive free ports on 127.0.0.1 (the local stack's replicas
+    listen on a base port + i)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65536:
+            continue
+        try:
+            for port in range(base + 1, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1")
+
+
 def start_server(
     module: str, *args: str, timeout_s: float = 30.0
 ) -> tuple[subprocess.Popen[bytes], str]:

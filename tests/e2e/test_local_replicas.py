@@ -24,7 +24,7 @@ import pytest
 from dflash_ops.bench.client import Endpoint
 from dflash_ops.bench.prompts import build
 from dflash_ops.local import stack, supervisor
-from dflash_ops.loopback import free_port
+from dflash_ops.loopback import free_port, free_ports_in_a_row
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("vllm_router", reason="the router extra (vllm-router) is not installed")
@@ -68,29 +68,14 @@ class Replicas:
         return None
 
 
-def consecutive_free_ports(count: int) -> int:
-    """A base port with `count` free ports after it (the replicas' engines)."""
-    for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                supervisor.check_port_free("127.0.0.1", port, "probe", "")
-        except Exception:
-            continue
-        return base
-    raise AssertionError("no run of free ports found")
-
-
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[Replicas]:
     state_dir = tmp_path_factory.mktemp("replicas")
     (state_dir / "models").symlink_to(models_dir)
     ports = {
         "engine": free_port(),
-        "replica-base": consecutive_free_ports(2),
-        "sidecar": consecutive_free_ports(2),
+        "replica-base": free_ports_in_a_row(2),
+        "sidecar": free_ports_in_a_row(2),
         "prometheus": free_port(),
         "router-metrics": free_port(),
     }

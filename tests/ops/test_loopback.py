@@ -24,3 +24,18 @@ def test_a_server_still_starting_at_the_deadline_is_named() -> None:
     # The instant server needs longer than no time at all to import and listen.
     with pytest.raises(UserError, match=r"dflash_ops\.bench\.fake_server did not start"):
         start_server("dflash_ops.bench.fake_server", timeout_s=0)
+
+
+def test_ports_in_a_row_can_all_be_bound() -> None:
+    import socket
+
+    from dflash_ops.loopback import free_ports_in_a_row
+
+    base = free_ports_in_a_row(3)
+    sockets = [socket.socket() for _ in range(3)]
+    try:
+        for i, sock in enumerate(sockets):
+            sock.bind(("127.0.0.1", base + i))
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
+from dflash_ops.local.router import RouterPolicy
 
 
 def _k(text: str) -> int:
@@ -69,7 +70,7 @@ def register(subparsers: Any) -> None:
     up.add_argument("--replica-base-port", type=_port, default=8100)
     up.add_argument(
         "--router-policy",
-        choices=["cache_aware", "round_robin", "consistent_hash", "power_of_two", "random"],
+        choices=get_args(RouterPolicy),
         default="cache_aware",
         help="the router's policy with --replicas > 1 (cache_aware: by prefix)",
     )

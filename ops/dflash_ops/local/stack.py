@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops.errors import UserError
+from dflash_ops.local.router import PROCESS_TITLE, RouterPolicy, router_argv
 from dflash_ops.local.supervisor import (
     ProcessRecord,
     alive,
@@ -41,7 +42,6 @@ from dflash_ops.paths import RULES_DIR
 from dflash_ops.speculative_config import speculative_config_args
 
 LocalSpecMethod = Literal["draft_model", "ngram", "off"]
-RouterPolicy = Literal["cache_aware", "round_robin", "consistent_hash", "power_of_two", "random"]
 SERVED_MODEL = "tiny"
 # The URL path that answers 200 once each kind of component is ready (the router: once one of
 # its engines is healthy).
@@ -387,6 +387,8 @@ class Component:
     env: dict[str, str] | None = None
     cwd: Path | None = None
     title: str | None = None  # what the process renames itself to (see ProcessRecord.title)
+    # Ports it listens on besides `port`: (port, what, the `local up` flag that moves it).
+    other_ports: tuple[tuple[int, str, str], ...] = ()
 
 
 def _components(config: StackConfig) -> list[Component]:
@@ -421,7 +423,7 @@ def _components(config: StackConfig) -> list[Component]:
         for i in range(config.replicas)
     ]  # fmt: skip
     if config.routed:
-        components += _router_components(config, engine_urls)
+        components.append(_router_component(config, engine_urls))
     prometheus_bin = shutil.which("prometheus")
     if config.prometheus and prometheus_bin:
         components.append(
@@ -456,20 +458,18 @@ ROUTER_HEALTH_ARGS = [
 ]  # fmt: skip
 
 
-def _router_components(config: StackConfig, engine_urls: list[str]) -> list[Component]:
+def _router_component(config: StackConfig, engine_urls: list[str]) -> Component:
     """vllm-router on the main engine port (and its metrics port), in front of the engines."""
-    from dflash_ops.local.router import PROCESS_TITLE, router_argv
-
     argv = router_argv(
         engine_urls, config.router_policy, config.engine_port, config.router_metrics_port,
         ROUTER_HEALTH_ARGS, host=config.host,
     )  # fmt: skip
     # Its health checks (2 s) and the policy's first calls: bounded, not a model load.
-    router = Component(
+    return Component(
         "router", argv, f"http://127.0.0.1:{config.engine_port}", config.engine_port,
         "--engine-port", 60.0, title=PROCESS_TITLE,
+        other_ports=((config.router_metrics_port, "router metrics", "--router-metrics-port"),),
     )  # fmt: skip
-    return [router]
 
 
 def _start(config: StackConfig, previous: StackState | None) -> StackState:
@@ -482,11 +482,8 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
     for component in components:
         if component.name not in kept:  # before anything starts: a stranger is not our engine
             check_port_free(config.host, component.port, component.name, component.port_flag)
-    for component in components:
-        if component.name not in kept and component.name == "router":
-            check_port_free(
-                config.host, config.router_metrics_port, "router metrics", "--router-metrics-port"
-            )
+            for port, what, flag in component.other_ports:
+                check_port_free(config.host, port, what, flag)
     if any(kind_of(c.name) == "engine" and c.name not in kept for c in components):
         _check_engine_installed()
         _check_shared_memory(ENGINE_SHM_BYTES * config.replicas)

@@ -105,6 +105,19 @@ def _variables(baseline: bool) -> list[dict[str, Any]]:
     return variables
 
 
+def two_states(off: str, on: str) -> list[dict[str, Any]]:
+    """Value mappings of a 0/1 state timeline: 0 red, 1 green."""
+    return [
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": off, "color": "red"},
+                "1": {"text": on, "color": "green"},
+            },
+        }
+    ]
+
+
 class Board:
     def __init__(self) -> None:
         self.panels: list[dict[str, Any]] = []
@@ -480,17 +493,7 @@ def serving() -> dict[str, Any]:
         "none",
         [(f"min by (pod) (dflash_engine_ready{{{POD_SEL}}})", "{{pod}}")],
         kind="state-timeline",
-        defaults={
-            "mappings": [
-                {
-                    "type": "value",
-                    "options": {
-                        "0": {"text": "not ready", "color": "red"},
-                        "1": {"text": "ready", "color": "green"},
-                    },
-                }
-            ]
-        },
+        defaults={"mappings": two_states("not ready", "ready")},
     )
     router_panels(b)
     return b.dashboard(
@@ -551,17 +554,7 @@ def router_panels(b: Board) -> None:
             )
         ],
         kind="state-timeline",
-        defaults={
-            "mappings": [
-                {
-                    "type": "value",
-                    "options": {
-                        "0": {"text": "ejected", "color": "red"},
-                        "1": {"text": "healthy", "color": "green"},
-                    },
-                }
-            ]
-        },
+        defaults={"mappings": two_states("ejected", "healthy")},
     )
     b.panel(
         "Requests in flight per replica (router)",

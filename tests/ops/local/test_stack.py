@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dflash_ops.errors import UserError
 from dflash_ops.local import stack, supervisor
-from dflash_ops.loopback import free_port
+from dflash_ops.loopback import free_port, free_ports_in_a_row
 
 
 def config(tmp_path: Path, **overrides: object) -> stack.StackConfig:
@@ -71,6 +71,22 @@ def test_a_stranger_on_the_engine_port_is_refused_before_anything_starts(tmp_pat
         with pytest.raises(UserError, match=f"port {port} \\(engine\\) is in use.*--engine-port"):
             stack.up(config(tmp_path, engine_port=port))
     assert not (tmp_path / "models").exists()  # nothing built, nothing spawned
+
+
+def test_a_stranger_on_the_router_metrics_port_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        cfg = config(
+            tmp_path, replicas=2, engine_port=free_port(), replica_base_port=free_ports_in_a_row(2),
+            sidecar_port=free_ports_in_a_row(2), router_metrics_port=port,
+        )  # fmt: skip
+        with pytest.raises(UserError, match=f"port {port} \\(router metrics\\).*--router-metrics"):
+            stack.up(cfg)
+    assert not (tmp_path / "models").exists()
 
 
 def test_a_corrupt_state_file_is_reported_not_a_traceback(tmp_path: Path) -> None:
