@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -78,3 +81,50 @@ def find_tool(name: str) -> str:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+# The local stack's default ports (dflash_ops.local.stack.StackConfig: engine, sidecar,
+# Prometheus, router metrics, and the first two replicas' engines and sidecars).
+# tests/ops/local/test_default_ports.py holds this list to StackConfig's defaults.
+DEFAULT_PORTS = (8000, 9100, 9101, 9090, 29000, 8100, 8101)
+
+
+class _Stranger(BaseHTTPRequestHandler):
+    """Someone else's web server: answers every request 404, as a user's other service would."""
+
+    def _answer(self) -> None:
+        body = b"a stranger: not part of dflash-serve\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def strangers_on_default_ports() -> Iterator[list[int]]:
+    """For the whole session a stranger listens on each of the stack's default ports that is
+    free (a busy one already has one, e.g. the stack `make demo` leaves running), so a test
+    that uses a default port instead of a free one (dflash_ops.loopback.free_port) fails
+    whatever else runs on the machine. Pass 2 (vllm033) starts no listener and adds none: its
+    strangers would go away while pass 1 still runs."""
+    servers: list[ThreadingHTTPServer] = []
+    if not IN_VLLM033_ENV:
+        for port in DEFAULT_PORTS:
+            try:
+                server = ThreadingHTTPServer(("127.0.0.1", port), _Stranger)
+            except OSError:
+                continue  # somebody else listens there already
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers.append(server)
+    yield [s.server_address[1] for s in servers]
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -80,7 +80,11 @@ def test_sidecar_help(installed: Path, tmp_path: Path) -> None:
     assert done.returncode == 0 and "DFLASH_SIDECAR_SCRAPE_INTERVAL" in done.stdout
 
 
-def test_local_up_names_what_it_needs_in_one_line(installed: Path, tmp_path: Path) -> None:
+def test_local_up_names_what_it_needs_in_one_line(
+    installed: Path, tmp_path: Path, strangers_on_default_ports: list[int]
+) -> None:
+    # On the default ports, where the session's strangers listen (tests/conftest.py): what the
+    # machine lacks is named first, not a busy port.
     done = run(installed, "local", "up", "--state-dir", str(tmp_path / "stack"), cwd=tmp_path)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr

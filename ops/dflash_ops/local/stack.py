@@ -479,15 +479,17 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
             stop_process(record)  # leftovers of a dead component (e.g. its engine core)
     state = StackState(config=config, processes=[])
     components = _components(config)
+    # What this machine lacks comes first (the engine and what builds the model files, shared
+    # memory): a user without the engine learns that before being sent to free a port for it.
+    if any(kind_of(c.name) == "engine" and c.name not in kept for c in components):
+        _check_engine_installed()
+        _check_shared_memory(ENGINE_SHM_BYTES * config.replicas)
     for component in components:
         if component.name not in kept:  # before anything starts: a stranger is not our engine
             check_port_free(config.host, component.port, component.name, component.port_flag)
             for port, what, flag in component.other_ports:
                 check_port_free(config.host, port, what, flag)
-    if any(kind_of(c.name) == "engine" and c.name not in kept for c in components):
-        _check_engine_installed()
-        _check_shared_memory(ENGINE_SHM_BYTES * config.replicas)
-    ensure_models(config)
+    ensure_models(config)  # nothing is built for a stack that cannot start
     try:
         for component in components:
             if component.name in kept:
