@@ -14,6 +14,19 @@ def test_free_port_can_be_bound() -> None:
         sock.bind(("127.0.0.1", free_port()))
 
 
+def test_free_ports_are_below_the_kernels_ephemeral_range() -> None:
+    """An engine's own sockets (ports the kernel picks) can never take a port picked for a
+    server that starts after it."""
+    from dflash_ops.loopback import _ephemeral_low
+
+    low = _ephemeral_low()
+    if low <= 16000:
+        pytest.skip(f"this kernel's ephemeral range starts at {low}: nothing below it to pick")
+    ports = {free_port() for _ in range(50)}
+    assert all(15000 <= port < low for port in ports), sorted(ports)
+    assert len(ports) > 40  # picked at random, not one port over and over
+
+
 def test_a_server_that_exits_is_named() -> None:
     # `python -m json.tool --port N` exits at once with a usage error: it never answers /health.
     with pytest.raises(UserError, match=r"json\.tool did not start: no answer on http://127"):
