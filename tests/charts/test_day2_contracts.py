@@ -8,7 +8,6 @@ on a chart whose render that system would turn into an outage.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -186,24 +185,45 @@ def api_key_source(container: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-@pytest.mark.parametrize("render", ["auth", "ray-auth"])
-def test_the_key_reaches_the_engine_the_sidecar_and_the_helm_tests(
+@pytest.mark.parametrize("render", ["auth", "ray-auth", "router-auth-netpol"])
+def test_the_key_reaches_the_doors_the_router_and_the_helm_tests_only(
     renders: dict[str, Manifests], render: str
 ) -> None:
+    """The doors read both entries of the Secret as files (a rotated Secret reaches them without
+    a restart); the helm tests send the current key; the router sends it on the calls it makes
+    itself. vLLM and the sidecar sit behind the door on loopback and hold no key."""
     wanted = {"name": "vllm-api-key", "key": "api-key"}
     manifests = renders[render]
-    callers = 0
+    doors = callers = 0
+    for where, template in pod_templates(manifests):
+        volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
+        for container in template["spec"]["containers"]:
+            mounted = {
+                m["name"]: m["mountPath"]
+                for m in container.get("volumeMounts", [])
+                if "secret" in volumes.get(m["name"], {})
+            }
+            keys = [n for n in mounted if volumes[n]["secret"]["secretName"] == "vllm-api-key"]
+            if container["name"] == "door":
+                (volume,) = keys
+                assert "items" not in volumes[volume]["secret"], "the optional next key"
+                assert template["spec"]["securityContext"]["fsGroup"] == 1000  # mode 0440
+                doors += 1
+                assert api_key_source(container) is None
+            elif container["name"] in ("vllm", "sidecar", "ray-head"):
+                assert not keys and api_key_source(container) is None, f"{where}"
+            elif where.startswith("Pod/") or container["name"] == "router":
+                assert api_key_source(container) == wanted, f"{where} {container['name']}"
+                callers += 1
+    assert doors == (2 if render.startswith("router") else 1)
+    assert callers >= 3
+    # Never a key in an argument (`ps` shows it): the router's is the kubelet's $(VAR).
     for where, template in pod_templates(manifests):
         for container in template["spec"]["containers"]:
-            # The engine (vLLM reads VLLM_API_KEY), the sidecar (its canary and /v1/models) and
-            # the helm test pods call guarded routes; Ray workers serve no HTTP.
-            if "ray-worker" in where or container["name"] == "model-download":
-                continue
-            assert api_key_source(container) == wanted, f"{where} {container['name']}"
-            callers += 1
-    assert callers >= 4  # engine, sidecar, and the helm test checks
-    text = json.dumps(list(manifests.values()))
-    assert "--api-key" not in text
+            args = [*container.get("command", []), *container.get("args", [])]
+            for i, arg in enumerate(args):
+                if arg.startswith("--api-key"):
+                    assert args[i + 1 :][:1] == ["$(VLLM_API_KEY)"], f"{where} {arg}"
 
 
 def test_no_key_no_variable(renders: dict[str, Manifests]) -> None:

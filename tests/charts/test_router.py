@@ -33,8 +33,13 @@ def router_deployment(manifests: Manifests) -> dict[str, Any]:
     return found
 
 
-def router_container(manifests: Manifests) -> dict[str, Any]:
-    (container,) = router_deployment(manifests)["spec"]["template"]["spec"]["containers"]
+def router_container(manifests: Manifests, name: str = "router") -> dict[str, Any]:
+    """The router's container (name="door": the door in front of it, in the same pod)."""
+    (container,) = [
+        c
+        for c in router_deployment(manifests)["spec"]["template"]["spec"]["containers"]
+        if c["name"] == name
+    ]
     return container
 
 
@@ -47,7 +52,9 @@ def values_after(args: list[str], flag: str) -> list[str]:
 
 def discovered(router: dict[str, Any], pods: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """What the router's service discovery watches: pods of its namespace with every label."""
-    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    (args,) = [
+        c["args"] for c in router["spec"]["template"]["spec"]["containers"] if c["name"] == "router"
+    ]
     assert "--service-discovery" in args
     wanted = dict(item.split("=", 1) for item in values_after(args, "--selector"))
     namespace = arg_after(args, "--service-discovery-namespace")
@@ -146,7 +153,10 @@ def test_vllm_routers_own_parser_reads_the_arguments() -> None:
     assert parsed.service_discovery_namespace == "llm"
     assert parsed.service_discovery_port == 8000
     assert parsed.policy == "cache_aware"
-    assert parsed.host == "0.0.0.0" and parsed.prometheus_host == "0.0.0.0"
+    # Behind the door on loopback (its admin API is unreachable from outside the pod); the
+    # metrics port is its own, for Prometheus.
+    assert parsed.host == "127.0.0.1" and parsed.port == 8081
+    assert parsed.prometheus_host == "0.0.0.0"
     assert parsed.api_key == "$(VLLM_API_KEY)"  # the kubelet expands it: see below
     assert parsed.health_check_interval_secs == 10
 
@@ -217,7 +227,7 @@ def test_the_router_is_scraped_on_the_port_it_declares() -> None:
     router_pod = router_deployment(manifests)["spec"]["template"]
     assert selector_matches(monitor["spec"]["selector"], router_pod["metadata"]["labels"])
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    (container,) = router_pod["spec"]["containers"]
+    container = router_container(manifests)
     declared = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert declared[endpoint["port"]] == int(arg_after(container["args"], "--prometheus-port"))
     # The engine PodMonitor does not pick up the router pods (no double scrape, no gaps).

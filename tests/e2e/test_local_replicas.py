@@ -1,6 +1,9 @@
-"""`dflash-serve local up --replicas 2`: two real vLLM CPU engines, a sidecar each, the real
-vllm-router in front on the main port and Prometheus scraping all of them; the benchmark through
-the router; a replica SIGKILLed mid-run; `local down` leaving nothing behind.
+"""`dflash-serve local up --replicas 2 --api-key KEY`: two real vLLM CPU engines, a sidecar
+each, the real vllm-router in front on the main port, the chart's door (real nginx) in front of
+the router and of each engine, and Prometheus scraping all of them; the benchmark through the
+router; the door probed on every route vLLM and the router register, without a key, with a
+wrong key and with the old key after a rotation made while benchmarks run; a replica SIGKILLed
+mid-run; the router stopped mid-stream; `local down` leaving nothing behind.
 
 Run through the CLI, as a user runs it.
 """
@@ -20,11 +23,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+from dflash_ops import door
 from dflash_ops.bench.client import Endpoint
 from dflash_ops.bench.prompts import build
+from dflash_ops.chart.helm import helm_template
 from dflash_ops.local import stack, supervisor
 from dflash_ops.loopback import free_port, free_ports_in_a_row
+
+from tests.conftest import REPO_ROOT
+from tests.e2e import route_tables
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("vllm_router", reason="the router extra (vllm-router) is not installed")
@@ -32,10 +41,20 @@ pytest.importorskip("vllm_router", reason="the router extra (vllm-router) is not
 CLI = [sys.executable, "-m", "dflash_ops.cli"]
 
 
+# The sidecars' canary (one token every 15 s on an idle engine) would move the engines' token
+# counters the door probes hold still: one canary at start, then none for an hour.
+QUIET_SIDECARS = {**os.environ, "DFLASH_SIDECAR_CANARY_INTERVAL": "3600"}
+
+
 @dataclass
 class Replicas:
     state_dir: Path
     ports: dict[str, int]
+    key: str = "sk-replicas-first-3c9d"
+
+    @property
+    def bearer(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
 
     @property
     def router(self) -> str:
@@ -54,6 +73,8 @@ class Replicas:
             "--sidecar-port", str(self.ports["sidecar"]),
             "--prometheus-port", str(self.ports["prometheus"]),
             "--router-metrics-port", str(self.ports["router-metrics"]),
+            "--door-base-port", str(self.ports["door-base"]),
+            "--api-key", self.key, "--max-model-len", "8192",
         ]  # fmt: skip
 
     def router_metrics(self) -> str:
@@ -78,9 +99,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iter
         "sidecar": free_ports_in_a_row(2),
         "prometheus": free_port(),
         "router-metrics": free_port(),
+        "door-base": free_ports_in_a_row(3),
     }
     found = Replicas(state_dir, ports)
-    done = subprocess.run(found.up_argv(), capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        found.up_argv(), capture_output=True, text=True, timeout=1800, env=QUIET_SIDECARS
+    )
     try:
         assert done.returncode == 0, done.stderr[-4000:]
         yield found
@@ -95,9 +119,10 @@ def test_status_shows_every_part_healthy(replicas: Replicas) -> None:
     )  # fmt: skip
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     expected = {"engine-0", "engine-1", "sidecar-0", "sidecar-1", "router"}
+    expected |= {"door-engine-0", "door-engine-1", "door-router"}
     assert expected <= set(rows), rows
     assert all(rows[name]["healthy"] for name in expected), rows
-    assert rows["router"]["url"] == replicas.router
+    assert rows["door-router"]["url"] == replicas.router  # the router sits behind its door
 
 
 def test_the_benchmark_through_the_router_sums_the_replicas(
@@ -109,7 +134,7 @@ def test_the_benchmark_through_the_router_sums_the_replicas(
          "--metrics-url", replicas.engines[0], "--metrics-url", replicas.engines[1],
          "--dataset-name", "shared-prefix", "--prefix-groups", "8", "--random-input-len", "120",
          "--num-prompts", "48", "--concurrency", "4", "--max-tokens", "8", "--repeats", "1",
-         "--result-dir", str(out)],
+         "--api-key", replicas.key, "--result-dir", str(out)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -143,6 +168,201 @@ def test_prometheus_scrapes_both_replicas_and_the_router(replicas: Replicas) -> 
         time.sleep(2)
 
 
+# -- the door: every route, every method, every entry -----------------------------------------
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# A body each generation route would act on, had the door let it through.
+GENERATE = {
+    "model": "tiny", "prompt": "Count on:", "messages": [{"role": "user", "content": "hi"}],
+    "input": "hi", "max_tokens": 4, "max_output_tokens": 4, "text": "hi", "url": "http://x",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def routes() -> set[str]:
+    """Request paths for every route of vLLM 0.33.0 (.venv-vllm033), of the CPU engine's vLLM
+    that serves here (.venv) and of vllm-router 0.1.17, from their own route tables."""
+    found: set[str] = set()
+    for venv in (".venv-vllm033", ".venv"):
+        python = REPO_ROOT / venv / "bin" / "python"
+        if venv == ".venv" or python.exists():
+            found |= set(route_tables.vllm_routes(python))
+    import vllm_router
+
+    extension = next(Path(vllm_router.__file__).parent.parent.glob("vllm_router_rs*.so"))
+    router = route_tables.router_routes(extension)
+    # What the review found open: the table must hold it, or the probe proves nothing.
+    for admin in ("/add_worker", "/remove_worker", "/list_workers", "/flush_cache"):
+        assert admin in router, admin
+    assert {"/invocations", "/v1/responses", "/v1/messages", "/inference/v1/generate"} <= found
+    return {route_tables.concrete(path) for path in found | router}
+
+
+def engine_tokens(replicas: Replicas) -> float:
+    """Prompt and generated tokens the engines have processed (their /metrics, via the door)."""
+    total = 0.0
+    for url in replicas.engines:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(("vllm:generation_tokens_total", "vllm:prompt_tokens_total")):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def probe(replicas: Replicas, paths: set[str], headers: dict[str, str]) -> list[str]:
+    """Every method on every path through every entry (the router's door, each engine's door);
+    returns what broke the door's contract: a 2xx outside the open paths of that entry, an admin
+    or unauthenticated route that is not 404, a keyed path that is not 401."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    open_paths = door.door_paths()["open"]
+    never = {route_tables.concrete(p) for p in door.door_paths()["never"]}
+    keyed = {
+        "router": {route_tables.concrete(p) for p in door.default_keyed_paths()},
+        "engine": {route_tables.concrete(p) for p in door.default_keyed_paths()}
+        | {route_tables.concrete(p) for p in door.door_paths()["routerRender"]},  # cache_aware
+    }
+    entries = [(replicas.router, "router")] + [(url, "engine") for url in replicas.engines]
+    jobs = [(e, role, m, p) for e, role in entries for m in METHODS for p in sorted(paths)]
+    problems: list[str] = []
+    # One connection per request: nginx closes a kept-alive connection after refusing a request
+    # whose body it did not read, and a pooled client may race that close; the probe asks what
+    # the door answers, not how it reuses connections.
+    headers = {**headers, "Connection": "close"}
+    with httpx.Client(timeout=10) as client:
+
+        def one(job: tuple[str, str, str, str]) -> str | None:
+            entry, role, method, path = job
+            body = GENERATE if method in ("POST", "PUT", "PATCH") else None
+            status = client.request(method, entry + path, json=body, headers=headers).status_code
+            where = f"{method} {path} via {role} door {entry}: {status}"
+            if 200 <= status < 300 and path not in open_paths[role]:
+                return where
+            if path in never and status != 404:
+                return where
+            if path in keyed[role] and status != 401:
+                return where
+            return None
+
+        with ThreadPoolExecutor(8) as pool:
+            problems = [p for p in pool.map(one, jobs) if p]
+    return problems
+
+
+@pytest.mark.parametrize("key", [None, "sk-wrong"], ids=["no-key", "wrong-key"])
+def test_without_a_valid_key_no_route_answers_but_health_and_metrics(
+    replicas: Replicas, routes: set[str], key: str | None
+) -> None:
+    before = engine_tokens(replicas)
+    problems = probe(replicas, routes, {"Authorization": f"Bearer {key}"} if key else {})
+    assert not problems, problems[:20]
+    assert engine_tokens(replicas) == before  # nothing generated, nothing tokenized
+    assert len(routes) > 100
+
+
+def test_with_the_key_the_admin_routes_stay_unreachable(replicas: Replicas) -> None:
+    with httpx.Client(timeout=10) as client:
+        for path in ("/list_workers", "/add_worker?url=http://127.0.0.1:1", "/invocations"):
+            for method in ("GET", "POST"):
+                reply = client.request(method, replicas.router + path, headers=replicas.bearer)
+                assert reply.status_code == 404, (method, path, reply.text)
+        models = client.get(replicas.router + "/v1/models", headers=replicas.bearer)
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == "tiny"
+    # The router still knows both engines (nobody removed them).
+    assert replicas.gauge("vllm_router_worker_health", replicas.engines[1]) == 1.0
+
+
+# What a client sends to each keyed generation route, and where the generated text is.
+WITH_KEY = {
+    "/v1/chat/completions": (
+        {"model": "tiny", "messages": [{"role": "user", "content": "Count on:"}], "max_tokens": 4},
+        lambda r: r["choices"][0]["message"]["content"],
+    ),
+    "/v1/completions": (
+        {"model": "tiny", "prompt": "Count on:", "max_tokens": 4},
+        lambda r: r["choices"][0]["text"],
+    ),
+    "/v1/responses": (
+        {"model": "tiny", "input": "Count on:", "max_output_tokens": 4},
+        lambda r: r["usage"]["output_tokens"],
+    ),
+    "/v1/messages": (
+        {"model": "tiny", "messages": [{"role": "user", "content": "Count on:"}], "max_tokens": 4},
+        lambda r: r["usage"]["output_tokens"],
+    ),
+}
+
+
+@pytest.mark.parametrize("path", sorted(WITH_KEY))
+def test_with_the_key_every_generation_route_generates_through_every_door(
+    replicas: Replicas, path: str
+) -> None:
+    body, generated = WITH_KEY[path]
+    with httpx.Client(timeout=120) as client:
+        for entry in (replicas.router, *replicas.engines):
+            reply = client.post(entry + path, json=body, headers=replicas.bearer)
+            assert reply.status_code == 200, (entry, reply.text[:500])
+            assert generated(reply.json()), (entry, reply.text[:500])
+
+
+def requests_served(replicas: Replicas) -> float:
+    total = 0.0
+    for url in replicas.engines:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith("vllm:request_success_total"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def start_bench(replicas: Replicas, key: str, prompts: int, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, "bench", "--base-url", replicas.router, "--api-key", key,
+         "--num-prompts", str(prompts), "--concurrency", "4", "--max-tokens", "16",
+         "--repeats", "1", "--result-dir", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def wait_for(condition: object, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def finished_without_failures(bench: subprocess.Popen[str], out: Path) -> None:
+    output, _ = bench.communicate(timeout=900)
+    assert bench.returncode == 0, output[-3000:]
+    (level,) = json.loads((out / "results.json").read_text())["levels"]
+    assert level["failures"] == {}, level["failures"]
+
+
+def test_a_key_rotation_while_benchmarks_run_loses_no_request(
+    replicas: Replicas, routes: set[str], tmp_path: Path
+) -> None:
+    old, new = replicas.key, "sk-replicas-second-77ae"
+    rotate = [*CLI, "local", "rotate-key", "--state-dir", str(replicas.state_dir)]
+    served = requests_served(replicas)
+    on_old = start_bench(replicas, old, 160, tmp_path / "old")
+    wait_for(lambda: requests_served(replicas) > served, "the first bench served nothing")
+    # Step 1: the doors accept the new key beside the old one; the clients move over.
+    subprocess.run([*rotate, new], check=True, timeout=60)
+    assert on_old.poll() is None, "the bench on the old key ended before the rotation"
+    on_new = start_bench(replicas, new, 320, tmp_path / "new")
+    finished_without_failures(on_old, tmp_path / "old")
+    # Step 2: only the new key; the bench on it keeps running through the change.
+    subprocess.run([*rotate, "--finish"], check=True, timeout=60)
+    assert on_new.poll() is None, "the bench on the new key ended before the rotation finished"
+    finished_without_failures(on_new, tmp_path / "new")
+    replicas.key = new
+    # The old key now opens nothing, through any entry.
+    before = engine_tokens(replicas)
+    problems = probe(replicas, routes, {"Authorization": f"Bearer {old}"})
+    assert not problems, problems[:20]
+    assert engine_tokens(replicas) == before
+
+
 @dataclass
 class Outcome:
     started: float
@@ -151,10 +371,12 @@ class Outcome:
     error: str | None
 
 
-async def drive(router: str, seconds: float, on_start: float, kill: object) -> list[Outcome]:
+async def drive(
+    router: str, key: str, seconds: float, on_start: float, kill: object
+) -> list[Outcome]:
     """Four clients streaming chats through the router for `seconds`; `kill()` runs at
     `on_start` seconds and returns when the replica is dead."""
-    endpoint = Endpoint(router)
+    endpoint = Endpoint(router, api_key=key)
     prompts = build("shared-prefix", 400, 80, 11, 8)
     outcomes: list[Outcome] = []
     stop_at = time.monotonic() + seconds
@@ -189,7 +411,7 @@ def test_a_replica_killed_mid_run_fails_only_its_requests_in_flight(replicas: Re
         killed_at.append(time.monotonic())
         os.killpg(victim.pid, signal.SIGKILL)  # the API server, its engine core and workers
 
-    outcomes = asyncio.run(drive(replicas.router, 25.0, 6.0, kill))
+    outcomes = asyncio.run(drive(replicas.router, replicas.key, 25.0, 6.0, kill))
     (at,) = killed_at
     in_flight = [o for o in outcomes if o.started < at < o.ended]
     failed = [o for o in outcomes if not o.ok]
@@ -213,10 +435,108 @@ def test_a_replica_killed_mid_run_fails_only_its_requests_in_flight(replicas: Re
         assert time.monotonic() < deadline, replicas.router_metrics()[-2000:]
         time.sleep(1)
     time.sleep(11)  # its circuit, opened by the failed requests, closes after 10 s
-    back = asyncio.run(drive(replicas.router, 12.0, 0.0, lambda: None))
+    back = asyncio.run(drive(replicas.router, replicas.key, 12.0, 0.0, lambda: None))
     assert all(o.ok for o in back), [o.error for o in back if not o.ok][:3]
     again = replicas.gauge("vllm_router_processed_requests_total", dead_url)
     assert again is not None and processed is not None and again > processed
+
+
+def chart_router_termination() -> tuple[int, int]:
+    """The router pod's grace period and preStop sleep, as the chart renders them."""
+    import yaml
+
+    text = helm_template([], ["router.enabled=true"], "t", "llm")
+    (pod,) = [
+        d["spec"]["template"]["spec"]
+        for d in yaml.safe_load_all(text)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")
+    ]
+    (router,) = [c for c in pod["containers"] if c["name"] == "router"]
+    return int(pod["terminationGracePeriodSeconds"]), int(
+        router["lifecycle"]["preStop"]["exec"]["command"][1]
+    )
+
+
+def stream(
+    replicas: Replicas, max_tokens: int, on_chunk: object = None, pace_s: float = 0.0
+) -> tuple[str | None, int]:
+    """A streamed completion through the router's door: its finish reason and tokens. The
+    client reads token n no sooner than n * pace_s after the start (vLLM's per-chunk usage
+    counts them): a slow reader, whose stream lasts as long on any machine."""
+    payload = {
+        "model": "tiny", "prompt": "Count on:", "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }  # fmt: skip
+    finish, tokens, chunks = None, 0, 0
+    started = time.monotonic()
+    with httpx.stream(
+        "POST", replicas.router + "/v1/completions", json=payload, headers=replicas.bearer,
+        timeout=600,
+    ) as reply:  # fmt: skip
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices", []):
+                chunks += 1
+                finish = choice.get("finish_reason") or finish
+            if event.get("usage"):
+                tokens = int(event["usage"]["completion_tokens"])
+            behind = started + tokens * pace_s - time.monotonic()
+            if behind > 0:
+                time.sleep(behind)
+            if chunks == 5 and on_chunk is not None:
+                on_chunk()  # type: ignore[operator]
+    return finish, tokens
+
+
+def test_a_router_stop_lets_a_60_second_stream_finish_within_the_charts_grace(
+    replicas: Replicas,
+) -> None:
+    grace, pre_stop = chart_router_termination()
+    # A stream that lasts at least 60 s on any machine: as many tokens as this machine makes in
+    # 65 s (the rate of a short stream, measured now), at most 4,000, read at a pace that spreads
+    # them over 65 s (the router and its door hold what the client has not read yet).
+    started = time.monotonic()
+    stream(replicas, 300)
+    rate = 300 / (time.monotonic() - started)
+    max_tokens = min(int(rate * 65), 4000)
+    pace_s = 65 / max_tokens
+    state = stack.load_state(replicas.state_dir)
+    assert state is not None
+    pids = {p.name: p.pid for p in state.processes}
+    signalled: list[float] = []
+
+    def stop_like_the_kubelet() -> None:
+        # After the preStop sleep the kubelet stops both containers of the pod: the door
+        # gracefully (its preStop: nginx -s quit), the router with SIGTERM.
+        signalled.append(time.monotonic())
+        os.kill(pids["door-router"], signal.SIGQUIT)
+        os.kill(pids["router"], signal.SIGTERM)
+
+    started = time.monotonic()
+    finish, tokens = stream(replicas, max_tokens, stop_like_the_kubelet, pace_s)
+    ended = time.monotonic()
+    assert signalled, "the stream ended before the router was stopped"
+    assert (finish, tokens) == ("length", max_tokens)
+    assert ended - started >= 60, ended - started
+    # Both processes are gone within what the pod's grace leaves after the preStop sleep.
+    for name in ("router", "door-router"):
+        record = next(p for p in state.processes if p.name == name)
+        wait_for(lambda r=record: not supervisor.alive(r), f"{name} still runs", grace - pre_stop)
+    assert time.monotonic() - signalled[0] <= grace - pre_stop
+    # New connections are refused while it drains, not queued: nothing more to check here.
+    done = subprocess.run(
+        replicas.up_argv(), capture_output=True, text=True, timeout=600, env=QUIET_SIDECARS
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with httpx.Client(timeout=30) as client:
+        wait_for(
+            lambda: client.get(replicas.router + "/readiness").status_code == 200,
+            "the restarted router never became ready",
+        )
 
 
 def test_down_stops_every_part(replicas: Replicas) -> None:

@@ -124,9 +124,9 @@ land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_size
 - --served-model-name
 - {{ .Values.model.servedName | quote }}
 - --host
-- "0.0.0.0"
+- {{ ternary "127.0.0.1" "0.0.0.0" (not (empty (include "dflash-serve.engineDoor" .))) | quote }}
 - --port
-- {{ .Values.engine.port | quote }}
+- {{ include "dflash-serve.vllmPort" . | quote }}
 - --tensor-parallel-size
 - {{ include "dflash-serve.tp" . | quote }}
 {{- if .Values.distributed.enabled }}

@@ -78,10 +78,27 @@ old one (which `helm.sh/resource-policy: keep` leaves in place). */}}
 {{- end -}}
 
 {{/* NetworkPolicy: networkPolicy.enabled true/false, or auto: on in the distributed layout,
-whose Ray ports run code for whoever reaches them. */}}
+whose Ray ports run code for whoever reaches them, and whenever a key or the router guards the
+service (the engines then admit only the router, the tests and Prometheus). */}}
 {{- define "dflash-serve.networkPolicy" -}}
-{{- $enabled := .Values.networkPolicy.enabled -}}
-{{- if or (eq (toString $enabled) "true") (and (eq (toString $enabled) "auto") .Values.distributed.enabled) -}}true{{- end -}}
+{{- $enabled := toString .Values.networkPolicy.enabled -}}
+{{- $auto := or .Values.distributed.enabled .Values.auth.apiKeySecret.name .Values.router.enabled -}}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") $auto) -}}true{{- end -}}
+{{- end -}}
+
+{{/* NetworkPolicy peers of a client port: the release namespace, the namespaces allowed, the
+addresses outside the cluster allowed. */}}
+{{- define "dflash-serve.clientPeers" -}}
+- podSelector: {}
+{{- with .Values.networkPolicy.allowedNamespaceLabels }}
+- namespaceSelector:
+    matchLabels:
+      {{- toYaml . | nindent 6 }}
+{{- end }}
+{{- range .Values.networkPolicy.ingressCIDRs }}
+- ipBlock:
+    cidr: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* The router (router.enabled): its objects' name, and the labels of its pods. */}}
@@ -98,4 +115,41 @@ dflash-serve.io/component: router
 serves with --enable-scale-out (403 otherwise, and the router then routes blind). */}}
 {{- define "dflash-serve.engineScaleOut" -}}
 {{- if and .Values.router.enabled (eq .Values.router.policy "cache_aware") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The door (files/door): nginx in front of vLLM in each engine pod when auth is on, and in
+front of the router in each router pod. What it guards then listens on loopback only. */}}
+{{- define "dflash-serve.engineDoor" -}}
+{{- if .Values.auth.apiKeySecret.name -}}true{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.routerDoor" -}}
+{{- if .Values.router.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where vLLM listens in its pod: behind the door on loopback, else on engine.port. */}}
+{{- define "dflash-serve.vllmPort" -}}
+{{- if include "dflash-serve.engineDoor" . -}}{{ int .Values.door.upstreamPort }}{{- else -}}{{ int .Values.engine.port }}{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.doorConfigMap" -}}
+{{- printf "%s-door-%s" (include "dflash-serve.fullname" .root) .role -}}
+{{- end -}}
+
+{{/* A name with a suffix, the prefix cut so that the whole fits in 63 characters (a DNS label):
+names near the limit keep their suffixes and stay distinct. Call with (list PREFIX SUFFIX). */}}
+{{- define "dflash-serve.suffixed" -}}
+{{- $prefix := index . 0 -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" ($prefix | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end -}}
+
+{{/* How the door's routes.map matches an allow-list path: exactly, or as a regex where a {name}
+segment stands for any one segment (dflash_ops.door.map_source). */}}
+{{- define "dflash-serve.doorMapSource" -}}
+{{- if contains "{" . -}}
+{{- printf "~^%s$" (regexReplaceAll "\\{[^/}]+\\}" (replace "." "\\." .) "[^/]+") -}}
+{{- else -}}
+{{- . -}}
+{{- end -}}
 {{- end -}}

@@ -37,6 +37,8 @@
 {{- if not (has .Values.rollout.strategy (list "auto" "Recreate" "RollingUpdate")) -}}
 {{- fail (printf "rollout.strategy %q is unknown: use auto, Recreate or RollingUpdate" .Values.rollout.strategy) -}}
 {{- end -}}
+{{- include "dflash-serve.validateDoor" . -}}
+{{- include "dflash-serve.validateNames" . -}}
 {{- include "dflash-serve.validateEngineArgs" . -}}
 {{- include "dflash-serve.validateRouterArgs" . -}}
 {{- include "dflash-serve.validateNumbers" . -}}
@@ -58,10 +60,57 @@
 {{- if and $a.enabled (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- fail (printf "autoscaling.minReplicas %d is above autoscaling.maxReplicas %d" (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- end -}}
-{{- if .Values.distributed.enabled -}}
+{{- end -}}
+
+{{/* Object names: Services need DNS-1035 labels (a letter first, no dots), in every layout;
+KubeRay limits RayCluster names to 53 characters. */}}
+{{- define "dflash-serve.validateNames" -}}
 {{- $name := include "dflash-serve.fullname" . -}}
-{{- if or (gt (len $name) 53) (not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name)) -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "the release's objects would be named %q, which the API server refuses for a Service: it needs a DNS-1035 label (a lowercase letter first, then lowercase letters, digits or '-', no dots); rename the release or set fullnameOverride" $name) -}}
+{{- end -}}
+{{- if and .Values.distributed.enabled (gt (len $name) 53) -}}
 {{- fail (printf "the RayCluster would be named %q: KubeRay needs a DNS-1035 label (a lowercase letter first, then lowercase letters, digits or '-') of at most 53 characters; shorten the release name or set fullnameOverride" $name) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The door's paths and ports, the router's ports, and the NetworkPolicy with a Service that
+takes traffic from outside the cluster. */}}
+{{- define "dflash-serve.validateDoor" -}}
+{{- $never := (.Files.Get "files/door/paths.yaml" | fromYaml).never -}}
+{{- range $list := list "keyedPaths" "extraKeyedPaths" -}}
+{{- range (get $.Values.door $list) -}}
+{{- if not (regexMatch `^(/([A-Za-z0-9_~-][A-Za-z0-9._~-]*|\{[A-Za-z_][A-Za-z0-9_]*\}))+$` (toString .)) -}}
+{{- fail (printf "door.%s lists %q: a path is /segments of letters, digits, '.', '_', '~' or '-' (not starting with '.'), or {name} for any one segment (e.g. /v1/responses/{id})" $list (toString .)) -}}
+{{- end -}}
+{{- $source := include "dflash-serve.doorMapSource" (toString .) -}}
+{{- range $never -}}
+{{- if eq $source (include "dflash-serve.doorMapSource" .) -}}
+{{- fail (printf "door.%s lists %s, an admin or unauthenticated route no client may reach (files/door/paths.yaml, never): remove it" $list .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $r := .Values.router -}}
+{{- if and $r.enabled (eq (int $r.port) (int $r.metricsPort)) -}}
+{{- fail (printf "router.port and router.metricsPort are both %d: give the metrics another port (e.g. 29000)" (int $r.port)) -}}
+{{- end -}}
+{{- $up := int .Values.door.upstreamPort -}}
+{{- if include "dflash-serve.engineDoor" . -}}
+{{- if has $up (list (int .Values.engine.port) (int .Values.sidecar.port)) -}}
+{{- fail (printf "door.upstreamPort %d is also engine.port or sidecar.port: vLLM listens on it behind the door in the same pod; pick a free one (e.g. 8081)" $up) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $r.enabled (has $up (list (int $r.port) (int $r.metricsPort))) -}}
+{{- fail (printf "door.upstreamPort %d is also router.port or router.metricsPort: the router listens on it behind the door in the same pod; pick a free one (e.g. 8081)" $up) -}}
+{{- end -}}
+{{- if and (include "dflash-serve.networkPolicy" .) (not .Values.networkPolicy.ingressCIDRs) -}}
+{{- $services := list (list "service.type" .Values.service.type) -}}
+{{- if $r.enabled }}{{ $services = append $services (list "router.service.type" $r.service.type) }}{{ end -}}
+{{- range $services -}}
+{{- if has (index . 1) (list "LoadBalancer" "NodePort") -}}
+{{- fail (printf "%s is %s but the NetworkPolicy (networkPolicy.enabled, on by default with a key, the router or Ray) admits no address outside the cluster, so it would drop all outside traffic: list the client addresses in networkPolicy.ingressCIDRs (e.g. [0.0.0.0/0]), or use ClusterIP behind an ingress controller allowed by networkPolicy.allowedNamespaceLabels" (index . 0) (index . 1)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -72,7 +121,7 @@
 {{- $owned := dict
   "--api-key" "auth.apiKeySecret (a Secret: arguments show in the pod spec and the process list)"
   "--port" "engine.port"
-  "--host" "nothing: the chart binds 0.0.0.0"
+  "--host" "nothing: the chart chooses the address (0.0.0.0, or loopback behind the door)"
   "--block-size" "engine.blockSize"
   "--tensor-parallel-size" "engine.tensorParallelSize"
   "-tp" "engine.tensorParallelSize"
@@ -94,12 +143,7 @@
   "--data-parallel-backend" "distributed.enabled"
   "--enable-scale-out" "router.enabled with router.policy cache_aware (the router tokenizes through vLLM's render endpoints)"
 -}}
-{{- range .Values.model.extraArgs -}}
-{{- $flag := regexReplaceAll "=.*$" (toString .) "" | replace "_" "-" -}}
-{{- if hasKey $owned $flag -}}
-{{- fail (printf "model.extraArgs sets %s, which the chart sets itself: use %s instead" $flag (get $owned $flag)) -}}
-{{- end -}}
-{{- end -}}
+{{- include "dflash-serve.refuseOwnedArgs" (dict "name" "model.extraArgs" "args" .Values.model.extraArgs "owned" $owned) -}}
 {{- range .Values.model.extraEnv -}}
 {{- if eq (toString .name) "VLLM_API_KEY" -}}
 {{- fail "model.extraEnv sets VLLM_API_KEY: use auth.apiKeySecret, which gives the same key to the sidecar and the helm tests" -}}
@@ -220,7 +264,7 @@ another port, or put the key in the pod spec. */}}
 {{- define "dflash-serve.validateRouterArgs" -}}
 {{- $owned := dict
   "--api-key" "auth.apiKeySecret"
-  "--host" "nothing: the chart binds 0.0.0.0"
+  "--host" "nothing: the chart chooses the address (0.0.0.0, or loopback behind the door)"
   "--port" "router.port"
   "--policy" "router.policy"
   "--worker-urls" "nothing: the router finds this release's engine pods itself"
@@ -231,10 +275,30 @@ another port, or put the key in the pod spec. */}}
   "--prometheus-host" "nothing: the chart binds 0.0.0.0"
   "--prometheus-port" "router.metricsPort"
 -}}
-{{- range .Values.router.extraArgs -}}
+{{- range list "--vllm-pd-disaggregation" "--prefill" "--decode" "--prefill-policy" "--decode-policy" "--prefill-selector" "--decode-selector" "--pd-kv-events" "--kv-connector" "--vllm-discovery-address" "--mini-lb" "--enable-igw" -}}
+{{- $_ := set $owned . "prefill-decode disaggregation is not what this chart deploys (one pool of engines serves both): remove it" -}}
+{{- end -}}
+{{- include "dflash-serve.refuseOwnedArgs" (dict "name" "router.extraArgs" "args" .Values.router.extraArgs "owned" $owned) -}}
+{{- end -}}
+
+{{/* Refuse an extra argument that sets a flag the chart owns, however it is spelt: argparse
+(vLLM's and the router's front end) takes any unambiguous prefix (--block-si), `_` for `-`,
+`--flag=value`, and vLLM takes dotted keys of JSON flags (--speculative-config.method).
+Call with (dict "name" VALUE-PATH "args" LIST "owned" (dict FLAG FIX)). */}}
+{{- define "dflash-serve.refuseOwnedArgs" -}}
+{{- $owned := .owned -}}
+{{- $name := .name -}}
+{{- range .args -}}
 {{- $flag := regexReplaceAll "=.*$" (toString .) "" | replace "_" "-" -}}
-{{- if hasKey $owned $flag -}}
-{{- fail (printf "router.extraArgs sets %s, which the chart sets itself: use %s instead" $flag (get $owned $flag)) -}}
+{{- $base := regexReplaceAll "\\..*$" $flag "" -}}
+{{- range $owns, $fix := $owned -}}
+{{- $prefix := and (hasPrefix "--" $base) (gt (len $base) 2) (hasPrefix $base $owns) -}}
+{{- if or (eq $base $owns) $prefix -}}
+{{- if hasPrefix "prefill-decode" $fix -}}
+{{- fail (printf "%s sets %s (argparse reads it as %s): %s" $name $flag $owns $fix) -}}
+{{- end -}}
+{{- fail (printf "%s sets %s (argparse reads it as %s), which the chart sets itself: use %s instead" $name $flag $owns $fix) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -4,6 +4,8 @@
     python -m dflash_ops.acceptance.helm_test tool-call --base-url ... --model NAME
     python -m dflash_ops.acceptance.helm_test spec-metrics --base-url ... --model NAME \\
         --pods-dns RELEASE-pods.NAMESPACE.svc --pods-port 8000
+    python -m dflash_ops.acceptance.helm_test wait-ready --base-url ... --model NAME \\
+        --budget-seconds 4500
 
 Each prints what it checked and exits 1 with the reason when the answer is wrong. With
 VLLM_API_KEY set (the release's auth.apiKeySecret) every request carries it as a bearer token.
@@ -131,7 +133,30 @@ def spec_metrics(client: httpx.Client, model: str, pods: list[str], settle_s: fl
     )
 
 
-CHECKS = ("chat", "tool-call", "spec-metrics")
+def wait_ready(client: httpx.Client, model: str, budget_s: float, interval_s: float = 10.0) -> str:
+    """Until the release serves the model (/v1/models lists it), for at most budget_s: the wait
+    target of `helm install --wait` in the Ray layout, whose RayCluster Helm sees as ready at
+    once."""
+    start = time.monotonic()
+    last = "no answer yet"
+    while True:
+        try:
+            reply = client.get("/v1/models")
+            if reply.status_code == 200:
+                served = [m.get("id") for m in reply.json().get("data", [])]
+                if model in served:
+                    return f"serving {model} after {time.monotonic() - start:.0f} s"
+                last = f"/v1/models lists {served}, not {model}"
+            else:
+                last = f"/v1/models answered {reply.status_code}: {reply.text[:200]}"
+        except (httpx.HTTPError, ValueError, AttributeError) as err:
+            last = f"{type(err).__name__}: {err}"
+        if time.monotonic() - start + interval_s > budget_s:
+            raise CheckFailed(f"not serving {model} after {budget_s:.0f} s; last: {last}")
+        time.sleep(interval_s)
+
+
+CHECKS = ("chat", "tool-call", "spec-metrics", "wait-ready")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         "--pods-dns", help="spec-metrics: headless Service name that resolves to every pod"
     )
     parser.add_argument("--pods-port", type=int, default=8000)
+    parser.add_argument(
+        "--budget-seconds", type=float, default=3600.0, help="wait-ready: how long to wait"
+    )
+    parser.add_argument("--interval-seconds", type=float, default=10.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # The release's API key (chart: auth.apiKeySecret), for the routes vLLM guards.
     key = os.environ.get("VLLM_API_KEY")
@@ -154,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(chat(client, args.model))
             elif args.check == "tool-call":
                 print(tool_call(client, args.model))
+            elif args.check == "wait-ready":
+                print(wait_ready(client, args.model, args.budget_seconds, args.interval_seconds))
             else:
                 pods = (
                     pod_addresses(args.pods_dns, args.pods_port)

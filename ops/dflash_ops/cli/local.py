@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any, get_args
 
@@ -95,10 +96,41 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="vLLM without torch.compile: starts about 10 s sooner, decodes about half as fast",
     )
+    up.add_argument(
+        "--api-key",
+        help="require this key (Authorization: Bearer KEY) through the chart's door, nginx in "
+        "front of every engine and the router; default: $VLLM_API_KEY with --auth, else none",
+    )
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="the door with the key of --api-key, $VLLM_API_KEY, or the running stack's",
+    )
+    up.add_argument(
+        "--max-model-len",
+        type=number(int, 256, 8192),
+        default=2048,
+        help="vLLM's --max-model-len, 256 to 8192 (the tiny model's positions)",
+    )
+    up.add_argument(
+        "--door-base-port",
+        type=_port,
+        default=8200,
+        help="with a key: vLLM (and the router) listen here + i on loopback, behind the doors",
+    )
+    rotate = actions.add_parser(
+        "rotate-key",
+        help="change the running stack's API key without an outage (two steps)",
+        description="Step 1, `rotate-key NEW`: the doors accept NEW beside the current key. "
+        "Move the clients to NEW, then step 2, `rotate-key --finish`: NEW is the only key. "
+        "Nothing restarts; a request in flight is never refused.",
+    )
+    rotate.add_argument("new_key", nargs="?", metavar="NEW", help="the key to accept as well")
+    rotate.add_argument("--finish", action="store_true", help="make the new key the only one")
     down = actions.add_parser("down", help="stop everything the stack started")
     status = actions.add_parser("status", help="what runs where")
     status.add_argument("--format", choices=["text", "json"], default="text")
-    for sub in (up, down, status):
+    for sub in (up, down, status, rotate):
         sub.add_argument("--state-dir", type=Path, default=Path(".local-stack"))
     parser.set_defaults(handler=run)
 
@@ -106,8 +138,18 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from dflash_ops.local import stack
 
+    if args.local_action == "rotate-key":
+        if (args.new_key is None) == (not args.finish):
+            raise UserError("local rotate-key: give NEW (step 1) or --finish (step 2)")
+        print(stack.rotate_key(args.state_dir, None if args.finish else args.new_key))
+        return 0
     if args.local_action == "up":
         from pydantic import ValidationError
+
+        api_key = args.api_key
+        if api_key is None and args.auth:
+            api_key = os.environ.get("VLLM_API_KEY") or None
+        auth = args.auth or args.api_key is not None
 
         try:
             config = stack.StackConfig(
@@ -126,15 +168,18 @@ def run(args: argparse.Namespace) -> int:
                 replica_base_port=args.replica_base_port,
                 router_policy=args.router_policy,
                 router_metrics_port=args.router_metrics_port,
+                auth=auth,
+                door_base_port=args.door_base_port,
+                max_model_len=args.max_model_len,
             )
         except ValidationError as err:
             problem = err.errors()[0]
             where = f"{problem['loc'][0]}: " if problem["loc"] else ""
             message = str(problem["msg"]).removeprefix("Value error, ")
             raise UserError(f"local up: {where}{message}") from None
-        state = stack.up(config)
+        state = stack.up(config, api_key)
         for record in state.processes:
-            print(f"{record.name:<11} {record.url:<26} pid {record.pid:<7} log {record.log}")
+            print(f"{record.name:<13} {record.url:<26} pid {record.pid:<7} log {record.log}")
         if args.foreground:
             stack.wait_in_foreground(state)
         return 0

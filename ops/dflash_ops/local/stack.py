@@ -8,7 +8,9 @@ duplicates and `down` never signals a stranger.
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import shutil
 import signal
 import sys
@@ -24,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dflash_ops import door
 from dflash_ops.errors import UserError
 from dflash_ops.local.router import PROCESS_TITLE, RouterPolicy, router_argv
 from dflash_ops.local.supervisor import (
@@ -50,7 +53,13 @@ READY_PATHS = {
     "sidecar": "/readyz",
     "router": "/readiness",
     "prometheus": "/-/ready",
+    "door": "/health",
 }
+# With auth: the key files the doors read (the chart's Secret entries), in StackConfig.keys_dir.
+CURRENT_KEY, NEXT_KEY = "api-key", "api-key-next"
+# The key the router sends to the engines' doors for its own calls (the render endpoints): one
+# of the stack's own, so that rotating the clients' key never touches the router.
+ROUTER_KEY = "router-key"
 
 
 def kind_of(name: str) -> str:
@@ -97,6 +106,15 @@ class StackConfig(BaseModel):
     replica_base_port: int = Field(default=8100, ge=1, le=65535 - 8)
     router_metrics_port: int = Field(default=29000, ge=1, le=65535)
     router_policy: RouterPolicy = "cache_aware"
+    auth: bool = Field(
+        default=False,
+        description="the chart's door (nginx) in front of every engine and the router, checking "
+        "the API key in keys_dir; what it guards listens on door_base_port + i",
+    )
+    door_base_port: int = Field(default=8200, ge=1, le=65535 - 9)
+    max_model_len: int = Field(
+        default=2048, ge=256, le=8192, description="vLLM's --max-model-len (prompt + output)"
+    )
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> StackConfig:
@@ -110,6 +128,10 @@ class StackConfig(BaseModel):
             wanted += [(self.router_metrics_port, "--router-metrics-port")]
         if self.prometheus:
             wanted.append((self.prometheus_port, "--prometheus-port"))
+        if self.auth:
+            wanted += [(self.vllm_port_of(i), "--door-base-port") for i in range(self.replicas)]
+            if self.routed:
+                wanted.append((self.router_listen_port, "--door-base-port"))
         for port, flag in wanted:
             if port > 65535:
                 raise ValueError(f"{flag} leaves no room for {self.replicas} replicas below 65536")
@@ -140,7 +162,20 @@ class StackConfig(BaseModel):
         return self.scale_out or (self.routed and self.router_policy == "cache_aware")
 
     def engine_port_of(self, replica: int) -> int:
+        """Where clients (or the router) reach engine `replica`: its door with auth."""
         return self.replica_base_port + replica if self.routed else self.engine_port
+
+    def vllm_port_of(self, replica: int) -> int:
+        """Where vLLM itself listens: behind the door with auth."""
+        return self.door_base_port + replica if self.auth else self.engine_port_of(replica)
+
+    @property
+    def router_listen_port(self) -> int:
+        return self.door_base_port + self.replicas if self.auth else self.engine_port
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.state_dir / "keys"
 
     def sidecar_port_of(self, replica: int) -> int:
         return self.sidecar_port + replica
@@ -195,13 +230,13 @@ def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
         "--served-model-name",
         SERVED_MODEL,
         "--host",
-        config.host,
+        "127.0.0.1" if config.auth else config.host,  # behind the door: loopback only
         "--port",
-        str(config.engine_port if port is None else port),
+        str(config.vllm_port_of(0) if port is None else port),
         "--dtype",
         "float32",
         "--max-model-len",
-        "2048",
+        str(config.max_model_len),
         "--seed",
         "0",
     ]
@@ -311,9 +346,72 @@ def _ready(record: ProcessRecord) -> bool:
     return http_ok(record.url + READY_PATHS[kind_of(record.name)])
 
 
-def up(config: StackConfig) -> StackState:
+def _check_door_installed() -> None:
+    missing = "nginx" if shutil.which("nginx") is None else str(door.NJS_MODULE)
+    if missing == "nginx" or not door.NJS_MODULE.is_file():
+        raise UserError(
+            "local up --api-key puts the chart's door (nginx with its JavaScript module) in "
+            f"front of the engines, and this machine lacks {missing}: "
+            "apt-get install nginx libnginx-mod-http-js (make setup does)"
+        )
+
+
+def _write_key(path: Path, key: str) -> None:
+    """A key file only its owner reads, replaced in one step (a door reading it mid-write
+    would refuse a valid key)."""
+    if not key or any(c.isspace() for c in key):
+        raise UserError("an API key may not be empty or hold whitespace")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial_path = path.with_name(f".{path.name}.partial")
+    partial_path.write_text(key)
+    partial_path.chmod(0o600)
+    partial_path.replace(path)
+
+
+def _prepare_keys(config: StackConfig, api_key: str | None, running: bool) -> None:
+    current = config.keys_dir / CURRENT_KEY
+    if api_key is None and not current.is_file():
+        raise UserError("local up with auth needs the key: pass --api-key (or set VLLM_API_KEY)")
+    if api_key is not None:
+        if running and current.is_file() and current.read_text() != api_key:
+            raise UserError(
+                "the running stack has another API key: change it without an outage with "
+                "`dflash-serve local rotate-key NEW` (then `--finish`), or `local down` first"
+            )
+        _write_key(current, api_key)
+        if not running:
+            (config.keys_dir / NEXT_KEY).unlink(missing_ok=True)
+    if config.routed and not (config.keys_dir / ROUTER_KEY).is_file():
+        import secrets
+
+        _write_key(config.keys_dir / ROUTER_KEY, secrets.token_hex(24))
+
+
+def rotate_key(state_dir: Path, new_key: str | None) -> str:
+    """Rotate the running stack's API key in two steps, as README "Rotating the API key" does
+    with the chart's Secret: with a new key, the doors accept it beside the current one; with
+    None (`--finish`), the new key becomes the only one. No process restarts."""
+    state = load_state(state_dir)
+    if state is None or not state.config.auth:
+        raise UserError(f"no local stack with --api-key runs in {state_dir}")
+    keys = state.config.keys_dir
+    if new_key is not None:
+        _write_key(keys / NEXT_KEY, new_key)
+        return (
+            "the doors now accept the new key beside the current one: move the clients to it, "
+            "then run `dflash-serve local rotate-key --finish`"
+        )
+    if not (keys / NEXT_KEY).is_file():
+        raise UserError("no rotation to finish: start one with `dflash-serve local rotate-key NEW`")
+    _write_key(keys / CURRENT_KEY, (keys / NEXT_KEY).read_text())
+    (keys / NEXT_KEY).unlink()
+    return "the new key is now the only one the doors accept"
+
+
+def up(config: StackConfig, api_key: str | None = None) -> StackState:
     """Start the stack, or the parts of it that died; refuse a different running configuration.
-    Ctrl-C stops whatever was started (a second Ctrl-C is ignored while it does)."""
+    Ctrl-C stops whatever was started (a second Ctrl-C is ignored while it does). With
+    config.auth, `api_key` is the key the doors require (kept from the last `up` if None)."""
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         probe = config.state_dir / ".write-test"
@@ -324,7 +422,15 @@ def up(config: StackConfig) -> StackState:
             f"--state-dir {config.state_dir}: cannot keep the stack's state there "
             f"({err.strerror or err}); pass a writable directory"
         ) from None
+    if config.auth:
+        _check_door_installed()
+    elif api_key is not None:
+        raise UserError("an API key needs the door: StackConfig(auth=True)")
     state = load_state(config.state_dir)
+    if config.auth:
+        _prepare_keys(
+            config, api_key, state is not None and any(group_members(p) for p in state.processes)
+        )
     if state is not None and any(group_members(p) for p in state.processes):
         if state.config != config:
             raise UserError(
@@ -366,9 +472,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _wanted(config: StackConfig) -> list[str]:
     names = [config.replica_name("engine", i) for i in range(config.replicas)]
+    if config.auth:
+        names += [config.replica_name("door-engine", i) for i in range(config.replicas)]
     names += [config.replica_name("sidecar", i) for i in range(config.replicas)]
     if config.routed:
         names.append("router")
+        if config.auth:
+            names.append("door-router")
     if config.prometheus and shutil.which("prometheus"):
         names.append("prometheus")
     return names
@@ -394,24 +504,33 @@ class Component:
 def _components(config: StackConfig) -> list[Component]:
     engine_flag = "--replica-base-port" if config.routed else "--engine-port"
     engine_urls = [f"http://127.0.0.1:{config.engine_port_of(i)}" for i in range(config.replicas)]
+    vllm_urls = [f"http://127.0.0.1:{config.vllm_port_of(i)}" for i in range(config.replicas)]
     components = [
         Component(
             config.replica_name("engine", i),
-            engine_argv(config, config.engine_port_of(i)),
-            engine_urls[i],
-            config.engine_port_of(i),
-            engine_flag,
+            engine_argv(config, config.vllm_port_of(i)),
+            vllm_urls[i],
+            config.vllm_port_of(i),
+            "--door-base-port" if config.auth else engine_flag,
             config.engine_timeout_s,
             env={"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
             cwd=config.models_dir,  # engine_argv names the draft relative to it
         )
         for i in range(config.replicas)
     ]
+    if config.auth:
+        components += [
+            _door_component(
+                config, config.replica_name("door-engine", i), "engine",
+                config.engine_port_of(i), config.vllm_port_of(i), engine_flag,
+            )
+            for i in range(config.replicas)
+        ]  # fmt: skip
     components += [
         Component(
             config.replica_name("sidecar", i),
             [
-                sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", engine_urls[i],
+                sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", vllm_urls[i],
                 "--host", "127.0.0.1", "--port", str(config.sidecar_port_of(i)),
                 "--log-level", "warning",
             ],
@@ -424,6 +543,13 @@ def _components(config: StackConfig) -> list[Component]:
     ]  # fmt: skip
     if config.routed:
         components.append(_router_component(config, engine_urls))
+        if config.auth:
+            components.append(
+                _door_component(
+                    config, "door-router", "router", config.engine_port,
+                    config.router_listen_port, "--engine-port",
+                )
+            )  # fmt: skip
     prometheus_bin = shutil.which("prometheus")
     if config.prometheus and prometheus_bin:
         components.append(
@@ -459,16 +585,48 @@ ROUTER_HEALTH_ARGS = [
 
 
 def _router_component(config: StackConfig, engine_urls: list[str]) -> Component:
-    """vllm-router on the main engine port (and its metrics port), in front of the engines."""
+    """vllm-router on the main engine port (behind its door with auth; and its metrics port),
+    in front of the engines."""
+    extra = list(ROUTER_HEALTH_ARGS)
+    if config.auth:
+        extra += ["--api-key", (config.keys_dir / ROUTER_KEY).read_text()]
+    port = config.router_listen_port
     argv = router_argv(
-        engine_urls, config.router_policy, config.engine_port, config.router_metrics_port,
-        ROUTER_HEALTH_ARGS, host=config.host,
+        engine_urls, config.router_policy, port, config.router_metrics_port, extra,
+        host="127.0.0.1" if config.auth else config.host,
     )  # fmt: skip
     # Its health checks (2 s) and the policy's first calls: bounded, not a model load.
     return Component(
-        "router", argv, f"http://127.0.0.1:{config.engine_port}", config.engine_port,
-        "--engine-port", 60.0, title=PROCESS_TITLE,
+        "router", argv, f"http://127.0.0.1:{port}", port,
+        "--door-base-port" if config.auth else "--engine-port", 60.0, title=PROCESS_TITLE,
         other_ports=((config.router_metrics_port, "router metrics", "--router-metrics-port"),),
+    )  # fmt: skip
+
+
+def _door_component(
+    config: StackConfig, name: str, role: door.DoorRole, port: int, upstream: int, flag: str
+) -> Component:
+    """nginx with the chart's door configuration on `port`, in front of 127.0.0.1:`upstream`."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    keys = [CURRENT_KEY, NEXT_KEY] + ([ROUTER_KEY] if role == "engine" and config.routed else [])
+    door_config = door.DoorConfig(
+        role=role,
+        listen=f"{config.host}:{port}",
+        upstream_port=upstream,
+        keys_dir=str(config.keys_dir.resolve()),
+        key_names=tuple(keys),
+        keyed_paths=door.default_keyed_paths(),
+        router_render=config.routed and config.router_policy == "cache_aware",
+        timeout_s=1800,
+        shutdown_timeout_s=door.default_shutdown_timeout(),  # a graceful stop, as in a pod
+        worker_user=getpass.getuser() if os.geteuid() == 0 else None,
+    )
+    home = (config.state_dir / name).resolve()
+    conf = door.write_conf(door_config, home / "conf")
+    argv = door.nginx_argv(nginx, home, conf)
+    return Component(
+        name, argv, f"http://127.0.0.1:{port}", port, flag, 30.0,
+        title="nginx: master process " + " ".join(argv),
     )  # fmt: skip
 
 

@@ -35,7 +35,7 @@ class TinyModelSpec(BaseModel):
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     head_dim: int = 64  # the CPU attention kernel rejects 16 (after /health answers)
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = 8192  # StackConfig.max_model_len's ceiling
     seed: int = 0
 
 

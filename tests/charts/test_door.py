@@ -1,0 +1,224 @@
+"""The door (templates/door.yaml, files/door/) and what came with it (issues 48-50), judged by what
+nginx, the NetworkPolicy controller, the API server, Helm and argparse do with the render.
+
+- the door's ConfigMap holds exactly the files dflash_ops.door writes for the same values (the
+  local stack runs the real nginx on them: tests/e2e/test_local_replicas.py);
+- the NetworkPolicies, evaluated against the rendered pods: with auth or the router, the engines
+  admit the router, the helm tests and Prometheus only; the door's port takes the clients;
+- each refusal the review asked for names the value and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dflash_ops import door
+
+from tests.charts.conftest import RWX, Manifests, render
+from tests.charts.consumers import Peer, ingress_allowed, pod_templates
+from tests.charts.test_day2_contracts import refused
+
+KEY = "auth.apiKeySecret.name=vllm-api-key"
+ROUTER = ["router.enabled=true", "replicas=2", RWX]
+LLM = {"kubernetes.io/metadata.name": "llm"}
+MONITORING = Peer("monitoring", {"kubernetes.io/metadata.name": "monitoring"}, {})
+STRANGER = Peer("llm", LLM, {"app": "notebook"})
+OUTSIDE = Peer("other", {"kubernetes.io/metadata.name": "other"}, {"app": "web"})
+
+
+def door_configmap(manifests: Manifests, role: str) -> dict[str, str]:
+    return dict(manifests[("ConfigMap", f"t-dflash-serve-door-{role}")]["data"])
+
+
+@pytest.mark.parametrize(
+    ("sets", "role"),
+    [
+        ([KEY], "engine"),
+        ([KEY, *ROUTER], "engine"),
+        ([KEY, *ROUTER], "router"),
+        ([*ROUTER, "router.policy=round_robin", "door.extraKeyedPaths={/tokenize}"], "router"),
+    ],
+)
+def test_the_door_configmap_is_what_the_local_stack_runs(sets: list[str], role: str) -> None:
+    data = door_configmap(render(*sets), role)
+    extra = ["/tokenize"] if "door.extraKeyedPaths={/tokenize}" in sets else []
+    keyed = (*door.default_keyed_paths(), *extra)
+    expected = door.DoorConfig(
+        role=role,  # type: ignore[arg-type]
+        listen="0.0.0.0:8000",
+        upstream_port=8081,
+        keys_dir="/etc/dflash-door-keys",
+        key_names=("api-key", "api-key-next") if KEY in sets else (),
+        keyed_paths=keyed,
+        router_render=role == "engine" and "router.enabled=true" in sets,
+        timeout_s=1800,
+        shutdown_timeout_s=door.default_shutdown_timeout(),
+    ).files()
+    assert data["nginx.conf"] == door.NGINX_CONF.read_text()
+    assert data["door.js"] == door.DOOR_JS.read_text()
+    assert {k: data[k] for k in expected} == expected
+
+
+def pods(manifests: Manifests) -> dict[str, dict[str, Any]]:
+    return dict(pod_templates(manifests))
+
+
+def ports_of(template: dict[str, Any]) -> dict[str, int]:
+    return {
+        p["name"]: p["containerPort"]
+        for c in template["spec"]["containers"]
+        for p in c.get("ports", [])
+        if "name" in p
+    }
+
+
+def reachable(manifests: Manifests, source: Peer, target: dict[str, Any], port: int) -> bool:
+    rules = [d for (k, _), d in manifests.items() if k == "NetworkPolicy"]
+    labels = target["metadata"]["labels"]
+    return ingress_allowed(rules, source, "llm", labels, ports_of(target), port)
+
+
+LAYOUTS = {"deployment": [RWX], "ray": ["distributed.enabled=true", RWX]}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("auth", [True, False], ids=["auth", "no-auth"])
+@pytest.mark.parametrize("router", [True, False], ids=["router", "no-router"])
+def test_the_network_policies_admit_who_they_should(layout: str, auth: bool, router: bool) -> None:
+    sets = [*LAYOUTS[layout], *([KEY] if auth else []), *(ROUTER if router else [])]
+    manifests = render(*sets)
+    templates = pods(manifests)
+    engine = next(
+        t
+        for w, t in templates.items()
+        if ("Deployment/" in w and "-router" not in w) or w.endswith(" head")
+    )
+    tests = [Peer("llm", LLM, t["metadata"]["labels"]) for w, t in templates.items() if "Pod/" in w]
+    assert tests
+    api, sidecar = 8000, 9100
+    if not (auth or router or layout == "ray"):
+        # Nothing to protect: no policy, as before (networkPolicy.enabled: auto).
+        assert not [k for k, _ in manifests if k == "NetworkPolicy"]
+        return
+    assert all(reachable(manifests, t, engine, api) for t in tests)
+    assert reachable(manifests, MONITORING, engine, api)
+    assert reachable(manifests, MONITORING, engine, sidecar)
+    assert not reachable(manifests, STRANGER, engine, sidecar)
+    assert not reachable(manifests, OUTSIDE, engine, api)
+    if router:
+        router_pod = next(t for w, t in templates.items() if w.endswith("-router"))
+        router_peer = Peer("llm", LLM, router_pod["metadata"]["labels"])
+        assert reachable(manifests, router_peer, engine, api)
+        # Around the router: a pod of the namespace cannot reach the engines, only the router.
+        assert not reachable(manifests, STRANGER, engine, api)
+        assert reachable(manifests, STRANGER, router_pod, api)
+        assert reachable(manifests, MONITORING, router_pod, ports_of(router_pod)["metrics"])
+        assert not reachable(manifests, STRANGER, router_pod, ports_of(router_pod)["metrics"])
+    else:
+        assert reachable(manifests, STRANGER, engine, api)  # the door checks the key
+
+
+def test_vllm_and_the_router_listen_on_loopback_behind_the_door() -> None:
+    """Where NetworkPolicies are not enforced, nothing but the door listens outside the pod."""
+    manifests = render(KEY, *ROUTER)
+    for where, template in pods(manifests).items():
+        for c in template["spec"]["containers"]:
+            args = c.get("args", [])
+            if c["name"] in ("vllm", "router"):
+                assert args[args.index("--host") + 1] == "127.0.0.1", where
+                assert args[args.index("--port") + 1] == "8081", where
+        names = [c["name"] for c in template["spec"]["containers"]]
+        if "vllm" in names or "router" in names:
+            assert "door" in names, where
+
+
+def test_external_clients_need_ingress_cidrs_with_a_load_balancer() -> None:
+    message = refused(KEY, "service.type=LoadBalancer")
+    assert "networkPolicy.ingressCIDRs" in message
+    manifests = render(KEY, "service.type=LoadBalancer", "networkPolicy.ingressCIDRs={10.8.0.0/16}")
+    rules = [d for (k, _), d in manifests.items() if k == "NetworkPolicy"]
+    blocks = [
+        peer["ipBlock"]["cidr"]
+        for rule in rules
+        for ingress in rule["spec"]["ingress"]
+        for peer in ingress.get("from", [])
+        if "ipBlock" in peer
+    ]
+    assert blocks == ["10.8.0.0/16"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "release", "names"),
+    [
+        (["door.extraKeyedPaths={/list_workers}"], "t", ["door.extraKeyedPaths", "/list_workers"]),
+        (["door.extraKeyedPaths={/invocations}"], "t", ["/invocations", "remove it"]),
+        ([*ROUTER, "router.metricsPort=8000"], "t", ["router.metricsPort", "29000"]),
+        ([KEY, "door.upstreamPort=9100"], "t", ["door.upstreamPort", "8081"]),
+        ([], "1dflash", ["DNS-1035"]),
+        ([], "dflash.prod", ["DNS-1035"]),
+        (["model.extraArgs={--block-si,16}"], "t", ["--block-si", "--block-size"]),
+        (["model.extraArgs={--api-k,x}"], "t", ["--api-k", "--api-key"]),
+        (["model.extraArgs={--speculative-config.method=ngram}"], "t", ["--speculative-config"]),
+        ([*ROUTER, "router.extraArgs={--vllm-pd-disaggregation}"], "t", ["disaggregation"]),
+        ([*ROUTER, "router.extraArgs={--prefill,http://x}"], "t", ["--prefill"]),
+    ],
+)
+def test_what_the_review_found_is_refused_by_name(
+    sets: list[str], release: str, names: list[str]
+) -> None:
+    message = refused(*sets, release=release)
+    for name in names:
+        assert name in message, message
+
+
+def test_long_release_names_keep_their_suffixes_apart() -> None:
+    release = "a" * 60
+    manifests = render("fullnameOverride=" + release, "distributed.enabled=false")
+    names = [n for (k, n) in manifests if k in ("ConfigMap", "Pod")]
+    assert len(names) == len(set(names))
+    assert any(n.endswith("-test-chat") for n in names)
+    assert any(n.endswith("-speculative-decoding") for n in names)
+
+
+def test_the_ray_layout_has_a_wait_target_for_helm_wait() -> None:
+    manifests = render("distributed.enabled=true", RWX, KEY)
+    (job,) = [d for (k, _), d in manifests.items() if k == "Job"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert "wait-ready" in container["args"]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "vllm-api-key"
+    assert not [k for k, _ in render().items() if k == "Job"]
+
+
+def pre_stop_sleep(container: dict[str, Any]) -> int:
+    """Seconds a preStop hook waits before the kubelet sends SIGTERM (exec `sleep N`, or the
+    kubelet's own sleep action)."""
+    hook = container["lifecycle"]["preStop"]
+    if "sleep" in hook:
+        return int(hook["sleep"]["seconds"])
+    command = hook["exec"]["command"]
+    return int(command[command.index("sleep") + 1])
+
+
+@pytest.mark.parametrize("sets", [[], ["termination.gracePeriodSeconds=400"]])
+def test_the_router_drains_like_the_engines(sets: list[str]) -> None:
+    manifests = render(*ROUTER, *sets)
+    (router,) = [d for (k, n), d in manifests.items() if k == "Deployment" and n.endswith("router")]
+    (engine,) = [
+        d for (k, n), d in manifests.items() if k == "Deployment" and not n.endswith("router")
+    ]
+    spec = router["spec"]["template"]["spec"]
+    engine_spec = engine["spec"]["template"]["spec"]
+    # The same grace period and the same preStop sleep as the engines' pods, whatever the values.
+    assert spec["terminationGracePeriodSeconds"] == engine_spec["terminationGracePeriodSeconds"]
+    (vllm,) = [c for c in engine_spec["containers"] if c["name"] == "vllm"]
+    (router_container,) = [c for c in spec["containers"] if c["name"] == "router"]
+    assert pre_stop_sleep(router_container) == pre_stop_sleep(vllm)
+    for c in spec["containers"]:
+        assert "preStop" in c["lifecycle"], c["name"]
+    assert router["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pdbs = [d for (k, n), d in manifests.items() if k == "PodDisruptionBudget" and "router" in n]
+    assert not pdbs  # one replica: a PDB would block every node drain
+    two = render(*ROUTER, "router.replicas=2")
+    assert [n for (k, n) in two if k == "PodDisruptionBudget" and n.endswith("router")]

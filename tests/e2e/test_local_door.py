@@ -1,0 +1,95 @@
+"""`dflash-serve local up --api-key KEY` with one engine (no router): the chart's door (real
+nginx) in front of the real vLLM CPU engine, probed on every route vLLM registers (read from its
+own route table) without a key and with a wrong one; with the key, generation works.
+(`--replicas 2` with the router: tests/e2e/test_local_replicas.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from dflash_ops import door
+from dflash_ops.loopback import free_port
+
+from tests.conftest import REPO_ROOT
+from tests.e2e import route_tables
+
+pytestmark = pytest.mark.e2e
+CLI = [sys.executable, "-m", "dflash_ops.cli"]
+KEY = "sk-one-engine-5be1"
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+BODY = {"model": "tiny", "prompt": "Count on:", "messages": [{"role": "user", "content": "hi"}],
+        "input": "hi", "max_tokens": 4}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def door_url(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[str]:
+    state_dir = tmp_path_factory.mktemp("door")
+    (state_dir / "models").symlink_to(models_dir)
+    port = free_port()
+    up = [
+        *CLI, "local", "up", "--state-dir", str(state_dir), "--method", "off",
+        "--enforce-eager", "--no-prometheus", "--engine-port", str(port),
+        "--sidecar-port", str(free_port()), "--door-base-port", str(free_port()),
+        "--api-key", KEY,
+    ]  # fmt: skip
+    # One sidecar canary at start, then none for an hour: the probe holds the token counters still.
+    quiet = {**os.environ, "DFLASH_SIDECAR_CANARY_INTERVAL": "3600"}
+    done = subprocess.run(up, capture_output=True, text=True, timeout=1200, env=quiet)
+    try:
+        assert done.returncode == 0, done.stderr[-4000:]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        subprocess.run([*CLI, "local", "down", "--state-dir", str(state_dir)], timeout=300)
+
+
+def generated_tokens(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("vllm:generation_tokens_total", "vllm:prompt_tokens_total"))
+    )
+
+
+@pytest.mark.parametrize("key", [None, "sk-wrong"], ids=["no-key", "wrong-key"])
+def test_without_a_valid_key_only_health_and_metrics_answer(door_url: str, key: str | None) -> None:
+    routes = {route_tables.concrete(p) for p in route_tables.vllm_routes(
+        REPO_ROOT / ".venv" / "bin" / "python")}  # fmt: skip
+    assert {"/invocations", "/v1/chat/completions", "/v1/messages"} <= routes
+    open_paths = set(door.door_paths()["open"]["engine"])
+    # One connection per request (see test_local_replicas.probe).
+    headers = {"Connection": "close", **({"Authorization": f"Bearer {key}"} if key else {})}
+    before = generated_tokens(door_url)
+    with httpx.Client(timeout=30) as client:
+
+        def one(job: tuple[str, str]) -> str | None:
+            method, path = job
+            body = BODY if method in ("POST", "PUT", "PATCH") else None
+            status = client.request(method, door_url + path, json=body, headers=headers)
+            code = status.status_code
+            if 200 <= code < 300 and path not in open_paths:
+                return f"{method} {path}: {code}"
+            if path == "/invocations" and code != 404:
+                return f"{method} {path}: {code}"
+            return None
+
+        with ThreadPoolExecutor(8) as pool:
+            jobs = [(m, p) for m in METHODS for p in sorted(routes)]
+            problems = [p for p in pool.map(one, jobs) if p]
+    assert not problems, problems[:20]
+    assert generated_tokens(door_url) == before
+
+
+def test_with_the_key_it_generates(door_url: str) -> None:
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    reply = httpx.post(door_url + "/v1/chat/completions", json=chat, headers=bearer, timeout=120)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
+    assert httpx.get(door_url + "/health", timeout=10).status_code == 200
