@@ -5,6 +5,7 @@ own route table) without a key and with a wrong one; with the key, generation wo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,14 +30,21 @@ BODY = {"model": "tiny", "prompt": "Count on:", "messages": [{"role": "user", "c
 
 
 @pytest.fixture(scope="module")
-def door_url(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[str]:
+def ports() -> dict[str, int]:
+    return {"engine": free_port(), "sidecar": free_port(), "door-base": free_port()}
+
+
+@pytest.fixture(scope="module")
+def door_url(
+    tmp_path_factory: pytest.TempPathFactory, models_dir: Path, ports: dict[str, int]
+) -> Iterator[str]:
     state_dir = tmp_path_factory.mktemp("door")
     (state_dir / "models").symlink_to(models_dir)
-    port = free_port()
+    port = ports["engine"]
     up = [
         *CLI, "local", "up", "--state-dir", str(state_dir), "--method", "off",
         "--enforce-eager", "--no-prometheus", "--engine-port", str(port),
-        "--sidecar-port", str(free_port()), "--door-base-port", str(free_port()),
+        "--sidecar-port", str(ports["sidecar"]), "--door-base-port", str(ports["door-base"]),
         "--api-key", KEY,
     ]  # fmt: skip
     # One sidecar canary at start, then none for an hour: the probe holds the token counters still.
@@ -93,3 +101,58 @@ def test_with_the_key_it_generates(door_url: str) -> None:
     reply = httpx.post(door_url + "/v1/chat/completions", json=chat, headers=bearer, timeout=120)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
     assert httpx.get(door_url + "/health", timeout=10).status_code == 200
+
+
+def notes_command(notes: str, starts: str) -> str:
+    """The shell command of NOTES that starts with `starts`, with its continuation lines."""
+    lines = notes.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith(starts))
+    command = [lines[first]]
+    while command[-1].rstrip().endswith("\\"):
+        command.append(lines[first + len(command)])
+    return "\n".join(command)
+
+
+def test_the_notes_commands_work_as_printed_against_the_door(
+    door_url: str, ports: dict[str, int], tmp_path: Path
+) -> None:
+    """NOTES.txt of a release with a key, its ports set to the local stack's: the curl commands
+    it prints, run by bash as a user pastes them, with a kubectl that answers what the
+    cluster's would (the Secret's entry, base64) and records what it was asked."""
+    import base64
+
+    from dflash_ops.chart.helm import helm_binary
+    from dflash_ops.paths import CHART_DIR
+
+    rendered = subprocess.run(
+        [helm_binary(), "install", "t", str(CHART_DIR), "--dry-run=client", "--namespace", "llm",
+         "--set", "auth.apiKeySecret.name=vllm-api-key", "--set", "model.servedName=tiny",
+         "--set", f"service.port={ports['engine']}", "--set", f"sidecar.port={ports['sidecar']}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    notes = rendered.stdout.split("\nNOTES:\n", 1)[1]
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    asked = tmp_path / "kubectl-args"
+    kubectl = shim / "kubectl"
+    secret = base64.b64encode(KEY.encode()).decode()
+    kubectl.write_text(f'#!/bin/sh\necho "$*" >> {asked}\necho -n {secret}\n')
+    kubectl.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+
+    chat = notes_command(notes, "curl http://127.0.0.1:")
+    assert "Authorization: Bearer" in chat, notes
+    done = subprocess.run(
+        ["bash", "-c", chat], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["choices"][0]["message"]["role"] == "assistant", done.stdout
+    # The key came from the release's Secret, its api-key entry, in its namespace.
+    assert asked.read_text().split() == [
+        "-n", "llm", "get", "secret", "vllm-api-key", "-o", "jsonpath={.data.api-key}",
+    ]  # fmt: skip
+
+    sidecar = notes_command(notes, f"curl http://127.0.0.1:{ports['sidecar']}/readyz")
+    done = subprocess.run(["bash", "-c", sidecar], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert '"ready":true' in done.stdout.replace(" ", ""), done.stdout
