@@ -93,9 +93,12 @@ def test_the_chart_runs_the_image_with_the_same_constraints() -> None:
         if d and d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")
     ]
     pod = router["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    # The router and the door in front of it (nginx, tests/charts/test_door.py) run alike.
+    assert sorted(c["name"] for c in pod["containers"]) == ["door", "router"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "router"]
     assert pod["securityContext"]["runAsUser"] == 1000
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    for each in pod["containers"]:
+        assert each["securityContext"]["readOnlyRootFilesystem"] is True
+        assert each["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert each["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["image"].startswith("ghcr.io/dflash-serve/vllm-router:")
