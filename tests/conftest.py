@@ -45,6 +45,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`.ci/run &`, nohup, many CI runners) with SIGINT ignored,
+    # and an ignored signal stays ignored across exec: the processes the Ctrl-C tests start
+    # would never see their Ctrl-C. A handler (unlike SIG_IGN) is reset to the default on exec.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--heavy-images"):
         opt_in = pytest.mark.skip(
