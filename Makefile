@@ -20,24 +20,36 @@ ROUTER_VERSION := $(shell sed -n 's/^ARG VLLM_ROUTER_VERSION=//p' docker/router.
 ROUTER_IMAGE  := $(REGISTRY)/vllm-router:$(ROUTER_VERSION)
 SERIES_SHA256  = $(shell python3 -c 'import hashlib, json; m = json.load(open("patches/manifest.json")); print(hashlib.sha256("".join(p["sha256"] for p in m["patches"]).encode()).hexdigest())')
 
-.PHONY: help setup lint typecheck test demo demo-down clean images images-local generate generate-check
+.PHONY: help setup lint typecheck test check phases-reset demo demo-down clean images images-local generate generate-check
+
+# Each phase of `make test` / `make check` appends "phase<TAB>seconds" here; run-tests.sh prints
+# the table at the end, so a change sees what it added.
+PHASES := .cache/test-logs/phases.tsv
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 setup: ## create .venv, .venv-vllm033 and fetch helm/kubectl/prometheus (idempotent, cached)
-	@bash ops/setup/setup.sh all
+	@t=$$SECONDS; bash ops/setup/setup.sh all || exit 1; mkdir -p $(dir $(PHASES)); printf 'set-up\t%s\n' $$((SECONDS - t)) >> $(PHASES)
+
+phases-reset:
+	@mkdir -p $(dir $(PHASES)); : > $(PHASES)
 
 lint: setup ## ruff
 	@echo "==> ruff"
-	@t=$$SECONDS; $(VENV)/bin/ruff check service ops patches tests && $(VENV)/bin/ruff format --check service ops patches tests || exit 1; echo "==> ruff took $$((SECONDS - t)) s"
+	@t=$$SECONDS; $(VENV)/bin/ruff check service ops patches tests && $(VENV)/bin/ruff format --check service ops patches tests || exit 1; echo "==> ruff took $$((SECONDS - t)) s"; printf 'lint\t%s\n' $$((SECONDS - t)) >> $(PHASES)
 
 typecheck: setup ## mypy (strict) on service/ and ops/
 	@echo "==> mypy"
-	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"
+	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"; printf 'types\t%s\n' $$((SECONDS - t)) >> $(PHASES)
 
-test: lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
+test: phases-reset lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
 	@bash ops/setup/run-tests.sh $(PYTEST_ARGS)
+
+# The quick loop: every test that starts no vLLM engine (e2e) and builds or runs no image
+# (tests/docker); both environments, as `make test` runs them.
+check: phases-reset lint typecheck ## lint, types and every test without an engine or an image (the quick loop)
+	@bash ops/setup/run-tests.sh -q -m "not e2e and not heavy_images" --ignore=tests/docker --ignore=tests/e2e $(PYTEST_ARGS)
 
 generate: setup ## regenerate every committed generated file (dashboards, chart tables, examples, schema limits, README quotes, patch manifest)
 	@$(PY) -m dflash_ops.generate
@@ -62,7 +74,7 @@ images: ## build the engine, sidecar, router and CPU images (needs a Docker engi
 	docker build -f docker/cpu.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(CPU_IMAGE) .
 
 images-local: setup ## podman, no registry: stand-in bases (cached), then the sidecar, router and engine images
-	@t=$$SECONDS; bash ops/setup/images-local.sh all || exit 1; echo "==> images took $$((SECONDS - t)) s"
+	@t=$$SECONDS; bash ops/setup/images-local.sh all || exit 1; echo "==> images took $$((SECONDS - t)) s"; printf 'images\t%s\n' $$((SECONDS - t)) >> $(PHASES)
 
 clean: ## remove virtualenvs and caches
 	rm -rf $(VENV) $(VENV033) .cache .pytest_cache .mypy_cache .ruff_cache

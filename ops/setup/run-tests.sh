@@ -26,6 +26,7 @@ trap 'kill "$pass2_pid" 2>/dev/null; exit 130' INT TERM
 echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
 .venv/bin/python -m pytest "$@"
 pass1=$?
+pass1_s=$((SECONDS - start))
 echo "==> pytest pass 1 $([ $pass1 -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
 
 if kill -0 "$pass2_pid" 2>/dev/null; then
@@ -33,8 +34,18 @@ if kill -0 "$pass2_pid" 2>/dev/null; then
 fi
 wait "$pass2_pid"
 pass2=$?
+# Pass 2 writes its own duration (pytest's last line); pass 1's is the wall clock.
+pass2_s=$(grep -oE 'in [0-9.]+s' "$pass2_log" | tail -n1 | grep -oE '[0-9]+' | head -n1)
+pass2_s=${pass2_s:-0}
 echo "==> pytest pass 2 output:"
 cat "$pass2_log"
 echo "==> pytest pass 2 $([ $pass2 -eq 0 ] && echo passed || echo FAILED);" \
     "both passes took $((SECONDS - start)) s"
+
+# The phase table (make appends set-up, lint, types and images to it before this script runs).
+phases="$log_dir/phases.tsv"
+printf 'pytest pass 1 (.venv)\t%s\n' "$pass1_s" >> "$phases"
+printf 'pytest pass 2 (.venv-vllm033, beside pass 1)\t%s\n' "$pass2_s" >> "$phases"
+echo "==> phase times (s):"
+awk -F'\t' '{ printf "    %-46s %6d\n", $1, $2 }' "$phases"
 [ $pass1 -eq 0 ] && [ $pass2 -eq 0 ]

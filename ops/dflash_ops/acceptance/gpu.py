@@ -123,6 +123,9 @@ class Engine:
         with self.log_path.open("wb") as out:
             self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout
+        # Polls soon after the start (a warm or stand-in engine is up in a second), then every
+        # 10 s while a cold engine loads.
+        pause = 0.25
         while True:
             if self.process.poll() is not None:
                 tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
@@ -137,7 +140,8 @@ class Engine:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} not healthy after {self.startup_timeout}s")
-            time.sleep(10)
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
 
     def __exit__(self, *exc: object) -> None:
         if self.process is not None and self.process.poll() is None:
