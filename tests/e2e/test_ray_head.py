@@ -38,16 +38,27 @@ pytestmark = pytest.mark.e2e
 HEAD_IP, WORKER_IP = "127.0.0.3", "127.0.0.2"  # Ray rewrites 127.0.0.1 to the eth0 address
 
 
+def outside_worker_ports() -> str:
+    """A free port outside both raylets' worker port ranges (free_port picks below the
+    ephemeral range, where those ranges are too)."""
+    low = 10000 + (os.getpid() % 10) * 2000
+    while True:
+        port = free_port()
+        if not low <= port < low + 2000:
+            return str(port)
+
+
 def node_ports(prefix: str) -> dict[str, str]:
     """Distinct ports for one raylet: two raylets share this host."""
     base = 10000 + (os.getpid() % 10) * 2000 + (0 if prefix == "head" else 1000)
+
     return {
-        "node-manager-port": str(free_port()),
-        "object-manager-port": str(free_port()),
-        "runtime-env-agent-port": str(free_port()),
-        "dashboard-agent-grpc-port": str(free_port()),
-        "dashboard-agent-listen-port": str(free_port()),
-        "metrics-export-port": str(free_port()),
+        "node-manager-port": outside_worker_ports(),
+        "object-manager-port": outside_worker_ports(),
+        "runtime-env-agent-port": outside_worker_ports(),
+        "dashboard-agent-grpc-port": outside_worker_ports(),
+        "dashboard-agent-listen-port": outside_worker_ports(),
+        "metrics-export-port": outside_worker_ports(),
         # Worker processes listen on these: below the kernel's ephemeral range (32768+), so no
         # outgoing connection of another test can hold one.
         "min-worker-port": str(base),
@@ -155,7 +166,7 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
     target = config.target_dir
     for name, text in rendered_head["scripts"].items():
         (ray_dirs["scripts"] / name).write_text(text)
-    gcs_port, api_port = free_port(), free_port()
+    gcs_port, api_port = int(outside_worker_ports()), int(outside_worker_ports())
     # What KubeRay would generate for this head (its rayStartParams, with --block), plus the
     # loopback addresses and ports two raylets on one host need; one "GPU" per node here.
     params = dict(rendered_head["group"]["rayStartParams"])
@@ -167,8 +178,8 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
             "node-ip-address": HEAD_IP,
             "port": str(gcs_port),
             "dashboard-host": HEAD_IP,
-            "dashboard-port": str(free_port()),
-            "ray-client-server-port": str(free_port()),
+            "dashboard-port": outside_worker_ports(),
+            "ray-client-server-port": outside_worker_ports(),
             "temp-dir": str(ray_dirs["ray_tmp"]),
         }
     )
