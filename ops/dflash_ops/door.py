@@ -38,16 +38,19 @@ def door_paths() -> dict[str, Any]:
 
 
 @cache
+def _chart_defaults() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    return loaded
+
+
 def default_keyed_paths() -> tuple[str, ...]:
     """The chart's door.keyedPaths: what clients may call with a key."""
-    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    return tuple(values["door"]["keyedPaths"])
+    return tuple(_chart_defaults()["door"]["keyedPaths"])
 
 
-@cache
 def default_shutdown_timeout() -> int:
     """The chart's drain budget with its default termination.* (templates/_engine.tpl)."""
-    termination = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["termination"]
+    termination = _chart_defaults()["termination"]
     return int(termination["gracePeriodSeconds"]) - int(termination["preStopSeconds"]) - 10
 
 

@@ -155,7 +155,11 @@ debian_packages() {
   local packages="$1" missing="" cmd
   shift
   for cmd in "$@"; do
-    command -v "$cmd" >/dev/null 2>&1 || missing+=" $cmd"
+    if [[ "$cmd" == /* ]]; then  # a file a package installs (a module, not a command)
+      [[ -f "$cmd" ]] || missing+=" $cmd"
+    else
+      command -v "$cmd" >/dev/null 2>&1 || missing+=" $cmd"
+    fi
   done
   if [[ -z "$missing" ]]; then
     log "$* present"
@@ -194,17 +198,7 @@ door_proxy() {
   # nginx and its JavaScript module: the door (charts/dflash-serve/files/door) in front of the
   # local stack's engines and router with `local up --api-key`, and in the tests. Where systemd
   # runs, the Debian package also starts a service on port 80; nothing here uses it.
-  if command -v nginx >/dev/null 2>&1 && [[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ]]; then
-    log "nginx and its js module present"
-  else
-    if [[ "$(id -u)" != 0 ]]; then
-      echo "error: nginx with its js module missing; install them: sudo apt-get install nginx libnginx-mod-http-js" >&2
-      exit 1
-    fi
-    log "nginx libnginx-mod-http-js: apt-get install (Debian)"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx libnginx-mod-http-js >/dev/null
-  fi
+  debian_packages "nginx libnginx-mod-http-js" nginx /usr/lib/nginx/modules/ngx_http_js_module.so
   nginx -v 2>&1
 }
 
