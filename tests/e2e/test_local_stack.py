@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflash_ops.bench.client import Endpoint
+from dflash_ops.bench.core.client import Endpoint
 from dflash_ops.local import stack, supervisor
 from dflash_ops.loopback import free_port
 from dflash_sidecar.engine_monitor import EngineMonitor

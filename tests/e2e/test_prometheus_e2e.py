@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
-from dflash_ops.bench.client import Endpoint
+from dflash_ops.bench.core.client import Endpoint
 from dflash_ops.bench.router_policies import Router
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.local import stack

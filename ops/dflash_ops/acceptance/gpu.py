@@ -181,11 +181,11 @@ REFERENCE_SETTINGS = [("mtp", 3), *(("dflash", k) for k in range(3, 8))]
 def reference_table(args: argparse.Namespace) -> int:
     """The reference measurement through `bench sweep`: DFlash2 k 3..7 and MTP-3 at
     concurrency 1 and 4, the 10 fixed prompts, greedy; printed in the reference's layout."""
-    from dflash_ops.bench.results import BenchSettings
-    from dflash_ops.bench.runner import Level
-    from dflash_ops.bench.sweep import SweepPlan, load_results, run_sweep
-    from dflash_ops.bench.sweep_analysis import table
-    from dflash_ops.bench.sweep_deployers import Setting
+    from dflash_ops.bench.core.results import BenchSettings
+    from dflash_ops.bench.core.runner import Level
+    from dflash_ops.bench.sweep.analysis import table
+    from dflash_ops.bench.sweep.deployers import Setting
+    from dflash_ops.bench.sweep.run import SweepPlan, load_results, run_sweep
 
     plan = SweepPlan(
         settings=[Setting(k, method) for method, k in REFERENCE_SETTINGS],  # type: ignore[arg-type]
@@ -250,8 +250,8 @@ def bench(engine: Engine, args: argparse.Namespace, name: str, *extra: str) -> A
 
 
 def greedy_ids(engine: Engine, concurrency: int, timeout: float) -> dict[str, list[int]]:
-    from dflash_ops.bench.client import Endpoint
-    from dflash_ops.bench.prompts import fixed_prompts
+    from dflash_ops.bench.core.client import Endpoint
+    from dflash_ops.bench.core.prompts import fixed_prompts
 
     async def collect() -> dict[str, list[int]]:
         endpoint = Endpoint(engine.url, timeout_s=timeout)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from dflash_ops.bench.client import Endpoint
-from dflash_ops.bench.prompts import build
-from dflash_ops.bench.run_directory import RunDirectory
-from dflash_ops.bench.runner import Level, Progress, run_pass
+from dflash_ops.bench.core.client import Endpoint
+from dflash_ops.bench.core.prompts import build
+from dflash_ops.bench.core.run_directory import RunDirectory
+from dflash_ops.bench.core.runner import Level, Progress, run_pass
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import start_server
 

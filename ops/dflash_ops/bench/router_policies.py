@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from dflash_ops.bench.client import Endpoint
-from dflash_ops.bench.results import BenchSettings
-from dflash_ops.bench.runner import Level, run_bench
+from dflash_ops.bench.core.client import Endpoint
+from dflash_ops.bench.core.results import BenchSettings
+from dflash_ops.bench.core.runner import Level, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.local import stack
 from dflash_ops.local.router import router_argv

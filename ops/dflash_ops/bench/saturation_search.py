@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from dflash_ops.bench.results import LevelResult
-from dflash_ops.bench.runner import Level
+from dflash_ops.bench.core.results import LevelResult
+from dflash_ops.bench.core.runner import Level
 
 Axis = Literal["concurrency", "request-rate"]
 

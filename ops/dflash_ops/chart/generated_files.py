@@ -206,13 +206,3 @@ def render_examples(out: Path = EXAMPLES_DIR) -> list[Path]:
         path.write_text(text)
         written.append(path)
     return written
-
-
-def main() -> None:
-    from dflash_ops.generate import main as generate
-
-    generate([])
-
-
-if __name__ == "__main__":
-    main()

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from dflash_ops.bench import report
-from dflash_ops.bench.client import Endpoint, check_base_url
-from dflash_ops.bench.prompts import build
-from dflash_ops.bench.results import BenchResult, BenchSettings, Percentiles, Spread
-from dflash_ops.bench.run_directory import RunDirectory
-from dflash_ops.bench.runner import Level, check_lossless, run_bench
+from dflash_ops.bench.core import report
+from dflash_ops.bench.core.client import Endpoint, check_base_url
+from dflash_ops.bench.core.prompts import build
+from dflash_ops.bench.core.results import BenchResult, BenchSettings, Percentiles, Spread
+from dflash_ops.bench.core.run_directory import RunDirectory
+from dflash_ops.bench.core.runner import Level, check_lossless, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import free_port
 

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from dflash_ops.bench import report
-from dflash_ops.bench.client import Endpoint
-from dflash_ops.bench.runner import Level, run_bench
+from dflash_ops.bench.core import report
+from dflash_ops.bench.core.client import Endpoint
+from dflash_ops.bench.core.runner import Level, run_bench
 
 from tests.ops.bench.conftest import serve
 from tests.ops.bench.test_bench import settings

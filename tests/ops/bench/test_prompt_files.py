@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from dflash_ops.bench import prompt_files
-from dflash_ops.bench.results import BenchSettings
-from dflash_ops.bench.run_directory import RunDirectory
-from dflash_ops.bench.runner import Level, run_bench
+from dflash_ops.bench.core import prompt_files
+from dflash_ops.bench.core.results import BenchSettings
+from dflash_ops.bench.core.run_directory import RunDirectory
+from dflash_ops.bench.core.runner import Level, run_bench
 from dflash_ops.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from dflash_ops.bench.router_policies import PolicyRun, RouterPolicyReport, table
-from dflash_ops.cli.bench_router import policy_list
+from dflash_ops.cli.bench.router_policies import policy_list
 from dflash_ops.local.router import router_argv
 
 

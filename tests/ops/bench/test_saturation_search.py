@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflash_ops.bench import slo
-from dflash_ops.bench.client import RequestRecord
-from dflash_ops.bench.results import LevelResult, Spread
+from dflash_ops.bench.core import slo
+from dflash_ops.bench.core.client import RequestRecord
+from dflash_ops.bench.core.results import LevelResult, Spread
 from dflash_ops.bench.saturation_search import SaturationSearch
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dflash_ops.bench.results import (
+from dflash_ops.bench.core.results import (
     BenchResult,
     BenchSettings,
     LevelResult,
@@ -23,8 +23,8 @@ from dflash_ops.bench.results import (
     SpecDecodeStats,
     Spread,
 )
-from dflash_ops.bench.sweep_analysis import analyse, recommended_values
-from dflash_ops.bench.sweep_deployers import LocalDeployer, Setting
+from dflash_ops.bench.sweep.analysis import analyse, recommended_values
+from dflash_ops.bench.sweep.deployers import LocalDeployer, Setting
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.errors import UserError
 

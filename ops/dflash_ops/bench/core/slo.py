@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dflash_ops.bench.client import RequestRecord
+    from dflash_ops.bench.core.client import RequestRecord
 
 OBJECTIVES = ("ttft", "tpot", "e2e")
 MAX_MS = 7 * 24 * 3600 * 1000.0

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from dflash_ops.bench import report
-from dflash_ops.bench.client import RequestRecord
-from dflash_ops.bench.prompts import Prompt
-from dflash_ops.bench.results import BenchResult, BenchSettings
-from dflash_ops.bench.runner import Level, LevelPlan, run_bench
+from dflash_ops.bench.core import report
+from dflash_ops.bench.core.client import RequestRecord
+from dflash_ops.bench.core.prompts import Prompt
+from dflash_ops.bench.core.results import BenchResult, BenchSettings
+from dflash_ops.bench.core.runner import Level, LevelPlan, run_bench
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.bench.prompts import Prompt, PromptSetName
+from dflash_ops.bench.core.prompts import Prompt, PromptSetName
 from dflash_ops.errors import UserError
 from dflash_ops.files import read_text
 

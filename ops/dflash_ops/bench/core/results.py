@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from dflash_ops.bench.prompts import PromptSetName
+from dflash_ops.bench.core.prompts import PromptSetName
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How a run ended: every level measured, stopped by the user, or stopped by a failure.

@@ -20,9 +20,9 @@ from typing import Any, Literal
 import aiohttp
 from dflash_sidecar import metrics_parser
 
-from dflash_ops.bench.results import DEFAULT_REQUEST_TIMEOUT_S
-from dflash_ops.cli.arguments import check_http_url
+from dflash_ops.bench.core.results import DEFAULT_REQUEST_TIMEOUT_S
 from dflash_ops.errors import UserError
+from dflash_ops.urls import check_http_url
 
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
 _PREFIX_HITS = re.compile(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\}\s+(\S+)", re.M)

@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.cli.arguments import choice_list, http_url, kubernetes_name, number, number_list
+from dflash_ops.cli.bench.flags import (
+    MAX_CONCURRENCY,
+    add_workload_flags,
+    bench_settings,
+    check_out,
+    load_levels,
+    needs_bench_extra,
+)
 from dflash_ops.errors import UserError
 
 METHODS = ("dflash", "mtp", "ngram", "draft_model", "off")
@@ -17,7 +25,7 @@ METHODS = ("dflash", "mtp", "ngram", "draft_model", "off")
 method_list = choice_list(METHODS, "methods", "dflash,mtp")
 
 
-def register(actions: Any, add_workload_flags: Any, max_concurrency: int) -> None:
+def register(actions: Any) -> None:
     sweep = actions.add_parser(
         "sweep",
         help="sweep method x k x concurrency, recommend a setting, draw the pictures",
@@ -48,12 +56,12 @@ def register(actions: Any, add_workload_flags: Any, max_concurrency: int) -> Non
     )
     load = sweep.add_mutually_exclusive_group()
     load.add_argument(
-        "--concurrency", type=number_list(int, 0, max_concurrency), help="levels (1,4)"
+        "--concurrency", type=number_list(int, 0, MAX_CONCURRENCY), help="levels (1,4)"
     )
     load.add_argument(
         "--request-rate", type=number_list(float, 0, 100_000.0), help="Poisson arrivals per s"
     )
-    sweep.add_argument("--max-concurrency", type=number(int, 1, max_concurrency))
+    sweep.add_argument("--max-concurrency", type=number(int, 1, MAX_CONCURRENCY))
     sweep.add_argument("--model", help="served model name (default: the first in /v1/models)")
     sweep.add_argument(
         "--api-key",
@@ -104,7 +112,7 @@ def register(actions: Any, add_workload_flags: Any, max_concurrency: int) -> Non
 
 
 def settings_of(args: argparse.Namespace) -> list[Any]:
-    from dflash_ops.bench.sweep_deployers import HELM_METHODS, LOCAL_METHODS, Setting
+    from dflash_ops.bench.sweep.deployers import HELM_METHODS, LOCAL_METHODS, Setting
 
     allowed = LOCAL_METHODS if args.deployer == "local" else HELM_METHODS
     methods = args.method or [allowed[0]]
@@ -127,21 +135,20 @@ def settings_of(args: argparse.Namespace) -> list[Any]:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from dflash_ops.bench import prompt_files
-    from dflash_ops.bench.run_directory import BenchInterrupted
-    from dflash_ops.bench.sweep import SweepPlan, run_sweep
-    from dflash_ops.bench.sweep_analysis import table
-    from dflash_ops.cli.bench import _check_out, _needs_bench_extra, _settings, load_levels
+    from dflash_ops.bench.core import prompt_files
+    from dflash_ops.bench.core.run_directory import BenchInterrupted
+    from dflash_ops.bench.sweep.analysis import table
+    from dflash_ops.bench.sweep.run import SweepPlan, run_sweep
 
-    _needs_bench_extra()
+    needs_bench_extra()
     settings = settings_of(args)
     levels = load_levels(args)
     if args.tokenizer:
         raise UserError("bench sweep counts tokens from the engine's usage: drop --tokenizer")
-    bench_settings = _settings(args)
+    run_settings = bench_settings(args)
     prompts = prompt_files.load(args.dataset_name, args.dataset_path) if args.dataset_path else None
-    _check_out(args.out)
-    plan = SweepPlan(settings=settings, levels=levels, bench=bench_settings, deployer=args.deployer)
+    check_out(args.out)
+    plan = SweepPlan(settings=settings, levels=levels, bench=run_settings, deployer=args.deployer)
     deployer = _deployer(args)
     keys = ", ".join(s.key for s in settings)
     print(f"==> sweep: {len(settings)} settings ({keys}) x {len(levels)} levels", file=sys.stderr)
@@ -157,7 +164,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def _deployer(args: argparse.Namespace) -> Any:
-    from dflash_ops.bench.sweep_deployers import HelmDeployer, LocalDeployer
+    from dflash_ops.bench.sweep.deployers import HelmDeployer, LocalDeployer
     from dflash_ops.loopback import free_port
 
     if args.deployer == "local":

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from dflash_ops.bench.prompts import Prompt
-from dflash_ops.bench.results import BenchResult, BenchSettings
-from dflash_ops.bench.run_directory import BenchInterrupted, run_into, save_json
-from dflash_ops.bench.runner import BenchStopped, Level
-from dflash_ops.bench.sweep_analysis import SweepAnalysis, analyse, recommended_values, table
-from dflash_ops.bench.sweep_deployers import Deployer, Setting, say
+from dflash_ops.bench.core.prompts import Prompt
+from dflash_ops.bench.core.results import BenchResult, BenchSettings
+from dflash_ops.bench.core.run_directory import BenchInterrupted, run_into, save_json
+from dflash_ops.bench.core.runner import BenchStopped, Level
+from dflash_ops.bench.sweep.analysis import SweepAnalysis, analyse, recommended_values, table
+from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
 from dflash_ops.errors import UserError
 
 
@@ -105,12 +105,12 @@ def load_results(out: Path, plan: SweepPlan) -> dict[Setting, BenchResult]:
 
 
 def finish(out: Path, plan: SweepPlan) -> SweepAnalysis:
-    from dflash_ops.bench import sweep_plots
+    from dflash_ops.bench.sweep import plots
 
     results = load_results(out, plan)
     analysis = analyse(results)
     save_json(out / "sweep-results.json", analysis.model_dump_json(indent=2))
     (out / "sweep.md").write_text(table(analysis))
     (out / "recommended-values.yaml").write_text(recommended_values(analysis, results))
-    sweep_plots.draw(results, out)
+    plots.draw(results, out)
     return analysis

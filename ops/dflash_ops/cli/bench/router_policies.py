@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.cli.arguments import choice_list, number
+from dflash_ops.cli.bench.flags import needs_bench_extra
 from dflash_ops.errors import UserError
 
 # vllm-router 0.1.17's --policy choices for plain HTTP workers; kv_aware is fed by the engines'
@@ -75,9 +76,8 @@ def register(actions: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_ops.bench.router_policies import measure, table
-    from dflash_ops.cli.bench import _needs_bench_extra
 
-    _needs_bench_extra()
+    needs_bench_extra()
     if args.out is not None and args.out.is_dir():
         raise UserError(f"--out {args.out} is a directory: give a file name (router.json)")
     report = measure(

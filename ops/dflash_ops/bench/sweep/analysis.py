@@ -8,8 +8,8 @@ from __future__ import annotations
 from dflash_sidecar.acceptance_window import acceptance_length_at
 from pydantic import BaseModel, Field
 
-from dflash_ops.bench.results import BenchResult, LevelResult
-from dflash_ops.bench.sweep_deployers import Setting, SweepMethod
+from dflash_ops.bench.core.results import BenchResult, LevelResult
+from dflash_ops.bench.sweep.deployers import Setting, SweepMethod
 
 
 class PointFigures(BaseModel):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_ops.bench.results import BenchResult, LevelResult
-from dflash_ops.bench.sweep_deployers import Setting
+from dflash_ops.bench.core.results import BenchResult, LevelResult
+from dflash_ops.bench.sweep.deployers import Setting
 
 
 def _load(level: LevelResult) -> float:

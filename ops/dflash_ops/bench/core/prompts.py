@@ -7,7 +7,7 @@ the user's own files.
 - `shared-prefix`: `prefix_groups` long system prompts of about `input_len` words each, requests
   spread over them in turn, each followed by a short distinct question: what prefix caching
   (and, with several replicas, prefix-aware routing) should turn into cache hits.
-- `custom`, `sharegpt`: a file the user points at (`dflash_ops.bench.prompt_files`).
+- `custom`, `sharegpt`: a file the user points at (`dflash_ops.bench.core.prompt_files`).
 """
 
 from __future__ import annotations

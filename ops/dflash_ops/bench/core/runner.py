@@ -21,10 +21,10 @@ from typing import TextIO
 from dflash_sidecar.acceptance_window import acceptance_ratios
 from dflash_sidecar.metrics_parser import SeriesSample
 
-from dflash_ops.bench import slo
-from dflash_ops.bench.client import Endpoint, RequestRecord
-from dflash_ops.bench.prompts import Prompt, build, fixed_prompts
-from dflash_ops.bench.results import (
+from dflash_ops.bench.core import slo
+from dflash_ops.bench.core.client import Endpoint, RequestRecord
+from dflash_ops.bench.core.prompts import Prompt, build, fixed_prompts
+from dflash_ops.bench.core.results import (
     BenchResult,
     BenchSettings,
     LevelResult,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_ops.bench import slo
-from dflash_ops.bench.results import BenchResult, LevelResult, Percentiles
+from dflash_ops.bench.core import slo
+from dflash_ops.bench.core.results import BenchResult, LevelResult, Percentiles
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
