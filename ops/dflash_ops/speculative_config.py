@@ -1,5 +1,5 @@
 """The engine's `--speculative-config` for each method: one builder for the planner, the local
-stack and the GPU acceptance run; the chart's Go helper is tested against it for every method
+stack and the GPU check run; the chart's Go helper is tested against it for every method
 and k (tests/charts/test_speculative_config.py)."""
 
 from __future__ import annotations

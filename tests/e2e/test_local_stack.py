@@ -122,7 +122,7 @@ def test_shared_prefix_bench_reports_prefix_cache_hits_and_ttft(
 ) -> None:
     """One long system prompt for every request: the engine's own prefix-cache counters show
     the reuse, and TTFT is reported beside it (the tiny CPU model has one KV group, so hits land
-    on its blocks; the GPU gain below one block is the GPU acceptance run's shared-prefix check)."""
+    on its blocks; the GPU gain below one block is the GPU check run's shared-prefix check)."""
     result = bench(
         url_of(local_stack, "engine"), tmp_path, "--prompts", "shared-prefix",
         "--input-len", "600",

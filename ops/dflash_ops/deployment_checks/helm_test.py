@@ -1,10 +1,10 @@
 """The checks `helm test` runs against a release (in the sidecar image).
 
-    python -m dflash_ops.acceptance.helm_test chat --base-url http://svc:8000 --model NAME
-    python -m dflash_ops.acceptance.helm_test tool-call --base-url ... --model NAME
-    python -m dflash_ops.acceptance.helm_test spec-metrics --base-url ... --model NAME \\
+    python -m dflash_ops.deployment_checks.helm_test chat --base-url http://svc:8000 --model NAME
+    python -m dflash_ops.deployment_checks.helm_test tool-call --base-url ... --model NAME
+    python -m dflash_ops.deployment_checks.helm_test spec-metrics --base-url ... --model NAME \\
         --pods-dns RELEASE-pods.NAMESPACE.svc --pods-port 8000
-    python -m dflash_ops.acceptance.helm_test wait-ready --base-url ... --model NAME \\
+    python -m dflash_ops.deployment_checks.helm_test wait-ready --base-url ... --model NAME \\
         --budget-seconds 4500
 
 Each prints what it checked and exits 1 with the reason when the answer is wrong. With

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "ops" / "dflash_ops" / "acceptance" / "gpu.py"
+SCRIPT = REPO_ROOT / "ops" / "dflash_ops" / "deployment_checks" / "gpu.py"
 
 
 def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     config = REPO_ROOT / "ops" / "dflash_ops" / "data" / "qwen3.8-flash-next.config.json"
     (model / "config.json").write_text(config.read_text())
     done = subprocess.run(
-        [sys.executable, "-m", "dflash_ops.acceptance.gpu", "--model", str(model),
+        [sys.executable, "-m", "dflash_ops.deployment_checks.gpu", "--model", str(model),
          "--draft", "d2", "--dry-run", "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
@@ -72,7 +72,7 @@ def test_reference_table_runs_the_sweep_with_one_engine_per_setting(tmp_path: Pa
 
     env = {**__import__("os").environ, "PATH": f"{bin_dir}:{__import__('os').environ['PATH']}"}
     done = subprocess.run(
-        [sys.executable, "-m", "dflash_ops.acceptance.gpu", "--model", str(tmp_path),
+        [sys.executable, "-m", "dflash_ops.deployment_checks.gpu", "--model", str(tmp_path),
          "--draft", "d2", "--reference-table", "--work", str(tmp_path / "work"),
          "--port", str(free_port())],
         capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT,

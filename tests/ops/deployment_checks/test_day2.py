@@ -14,7 +14,7 @@ from tests.conftest import REPO_ROOT
 
 def dry_run(*args: str) -> list[list[str]]:
     result = subprocess.run(
-        [sys.executable, "-m", "dflash_ops.acceptance.day2", "--dry-run", *args],
+        [sys.executable, "-m", "dflash_ops.deployment_checks.day2", "--dry-run", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -2,7 +2,7 @@
 """Day-2 acceptance on a real GPU cluster: install, test, auth, drain, upgrade, rollback,
 uninstall, as the README describes them, checked and printed as one table.
 
-    python -m dflash_ops.acceptance.day2 -n llm [--profile NAME] [-f values.yaml] \\
+    python -m dflash_ops.deployment_checks.day2 -n llm [--profile NAME] [-f values.yaml] \\
         [--set key=value ...] [--api-key-secret vllm-api-key] [--dry-run]
 
 Needs helm, kubectl and a kubeconfig for a cluster that passes `dflash-serve preflight`, and the

@@ -2,7 +2,7 @@
 """GPU acceptance of the patch series: every claim the README makes about the GPU path, checked
 on 2x A100-80GB (or H100) inside the patched image, and printed as one table.
 
-    python -m dflash_ops.acceptance.gpu --model /models/Qwen3.8-Flash-Next-AWQ \\
+    python -m dflash_ops.deployment_checks.gpu --model /models/Qwen3.8-Flash-Next-AWQ \\
         --draft /models/Qwen3.8-Flash-Next-DFlash2 [--gpu a100] [--dry-run]
 
 Engines run one after another (two TP2 engines do not fit on one 2-GPU machine):
@@ -403,7 +403,7 @@ def main() -> int:
             )
             import httpx
 
-            from dflash_ops.acceptance import helm_test
+            from dflash_ops.deployment_checks import helm_test
 
             with httpx.Client(base_url=engine.url, timeout=args.request_timeout) as client:
                 for name, check in (

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from dflash_ops.acceptance import helm_test
+from dflash_ops.deployment_checks import helm_test
 
 from tests.service.fake_engine import Counters, vllm_page
 
