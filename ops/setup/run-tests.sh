@@ -4,7 +4,8 @@
 #   pass 2: .venv-vllm033 the tests against the exact vllm==0.33.0 sources (marker vllm033)
 # Pass 1 mostly waits on engines and servers, pass 2 mostly computes, so together they take
 # about as long as pass 1 alone. Pass 2 writes to a log that is printed when pass 1 is done.
-# Arguments are passed to both pytest runs. Exits non-zero if either pass failed.
+# Arguments are passed to both pytest runs. Exits non-zero if either pass failed. Each pass ends
+# with its 30 slowest tests (--durations), so a change sees what it added beside the phase table.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,13 +19,13 @@ mkdir -p "$pass2_tmp"
 start=$SECONDS
 echo "==> pytest pass 2 (.venv-vllm033: tests against the exact vllm==0.33.0 sources) started" \
     "in the background; its output: $pass2_log (printed after pass 1)"
-PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest "$@" \
+PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest --durations=30 "$@" \
     >"$pass2_log" 2>&1 &
 pass2_pid=$!
 trap 'kill "$pass2_pid" 2>/dev/null; exit 130' INT TERM
 
 echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=30 "$@"
 pass1=$?
 pass1_s=$((SECONDS - start))
 echo "==> pytest pass 1 $([ $pass1 -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
+import time
 from itertools import pairwise, permutations
 from pathlib import Path
 from typing import Any
@@ -169,10 +171,30 @@ def run_ray_container(
         "KUBERAY_GEN_RAY_START_CMD": start,
         **{e["name"]: e["value"] for e in container.get("env", []) if "value" in e},
     }
-    try:
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10)
-    except subprocess.TimeoutExpired:
-        result = None
+    # Ends when the container exits, or as soon as it reaches a blocking `ray start --block`
+    # (the stub then sleeps for good: the container would never get further).
+    process = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    result: subprocess.CompletedProcess[str] | None = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stdout, stderr = process.communicate()
+            result = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+            break
+        calls = record.read_text().splitlines()
+        if calls and "--block" in calls[-1].split():
+            break
+        time.sleep(0.02)
+    if result is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
     return result, record.read_text().splitlines(), start
 
 

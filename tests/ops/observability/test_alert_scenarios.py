@@ -140,7 +140,9 @@ class Sidecar:
 def capture(sidecar: Sidecar, engine: FakeEngineServer | None, gap_s: float = 2.0) -> Capture:
     pages: list[Page] = []
     engine_pages: list[Page] = []
-    for _ in range(2):
+    for page in range(2):
+        if page:
+            time.sleep(gap_s)
         at = time.monotonic()
         text = get(f"{sidecar.url}/metrics")
         assert text is not None
@@ -148,7 +150,6 @@ def capture(sidecar: Sidecar, engine: FakeEngineServer | None, gap_s: float = 2.
         engine_text = get(f"{engine.url}/metrics") if engine is not None else None
         if engine_text is not None:
             engine_pages.append(read_page(engine_text, at, "engine"))
-        time.sleep(gap_s)
     return Capture(
         sidecar=(pages[0], pages[1]),
         engine=(engine_pages[0], engine_pages[1]) if len(engine_pages) == 2 else None,
