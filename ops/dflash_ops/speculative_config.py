@@ -5,19 +5,16 @@ and k (tests/charts/test_speculative_config.py)."""
 from __future__ import annotations
 
 import json
-from typing import Literal
+
+from dflash_ops.vocabulary import SpeculativeMethod
 
 # The n-gram proposer's lookup window (prompt tokens matched to propose a continuation).
 NGRAM_PROMPT_LOOKUP_MAX = 4
 NGRAM_PROMPT_LOOKUP_MIN = 2
 
-# dflash: a DFlash/DFlash2 draft; draft_model: any small draft model (the local CPU stack);
-# mtp: the checkpoint's own MTP head; ngram: prompt lookup; off: no speculation.
-Method = Literal["dflash", "draft_model", "mtp", "ngram", "off"]
-
 
 def speculative_config(
-    method: Method, k: int, draft_model: str | None = None
+    method: SpeculativeMethod, k: int, draft_model: str | None = None
 ) -> dict[str, object] | None:
     """The config for `method` at k speculative tokens, or None when speculation is off."""
     if method == "off" or k == 0:
@@ -35,7 +32,9 @@ def speculative_config(
     return spec
 
 
-def speculative_config_args(method: Method, k: int, draft_model: str | None = None) -> list[str]:
+def speculative_config_args(
+    method: SpeculativeMethod, k: int, draft_model: str | None = None
+) -> list[str]:
     """`--speculative-config JSON`, or nothing when speculation is off."""
     spec = speculative_config(method, k, draft_model)
     return [] if spec is None else ["--speculative-config", json.dumps(spec, separators=(",", ":"))]

@@ -2,8 +2,9 @@
 
 {{- define "dflash-serve.validate" -}}
 {{- $method := .Values.speculative.method -}}
-{{- if not (has $method (list "dflash" "mtp" "ngram" "off")) -}}
-{{- fail (printf "speculative.method %q is unknown: use dflash, mtp, ngram or off" $method) -}}
+{{- $methods := (.Files.Get "files/vocabulary.yaml" | fromYaml).speculativeMethods -}}
+{{- if not (has $method $methods) -}}
+{{- fail (printf "speculative.method %q is unknown: use %s or %s" $method (initial $methods | join ", ") (last $methods)) -}}
 {{- end -}}
 {{- if and (eq $method "dflash") (not .Values.speculative.draftModel) -}}
 {{- fail "speculative.method is dflash but speculative.draftModel is empty: set the DFlash2 draft (Hugging Face id or path on the model cache)" -}}

@@ -31,8 +31,9 @@ from dflash_ops.paths import CHART_FILES_DIR, EXAMPLES_DIR, PROFILES_DIR
 from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import load_checkpoint
 from dflash_ops.plan.gpus import GPUS
-from dflash_ops.plan.model import MAX_K, BlockSizeInputs
+from dflash_ops.plan.model import BlockSizeInputs
 from dflash_ops.plan.planner import tp_heads
+from dflash_ops.vocabulary import MAX_K
 
 BLOCK_SIZES = CHART_FILES_DIR / "block-sizes.yaml"
 KV_CAPACITY = CHART_FILES_DIR / "kv-capacity.yaml"

@@ -6,11 +6,11 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
-from dflash_ops.local.router import RouterPolicy
+from dflash_ops.vocabulary import LOCAL_METHODS, MAX_K, STANDING_ROUTER_POLICIES
 
 
 def _k(text: str) -> int:
@@ -18,8 +18,8 @@ def _k(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 15:
-        raise argparse.ArgumentTypeError(f"{value}: num_speculative_tokens must be 1 to 15")
+    if not 1 <= value <= MAX_K:
+        raise argparse.ArgumentTypeError(f"{value}: num_speculative_tokens must be 1 to {MAX_K}")
     return value
 
 
@@ -46,8 +46,10 @@ def register(subparsers: Any) -> None:
     )
     actions = parser.add_subparsers(dest="local_action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="start the stack (no duplicates) and wait until ready")
-    up.add_argument("--method", choices=["draft_model", "ngram", "off"], default="draft_model")
-    up.add_argument("--k", type=_k, default=4, help="num_speculative_tokens, 1 to 15 (default 4)")
+    up.add_argument("--method", choices=LOCAL_METHODS, default="draft_model")
+    up.add_argument(
+        "--k", type=_k, default=4, help=f"num_speculative_tokens, 1 to {MAX_K} (default 4)"
+    )
     up.add_argument(
         "--draft-noise",
         type=number(float, 0, 10),
@@ -71,7 +73,7 @@ def register(subparsers: Any) -> None:
     up.add_argument("--replica-base-port", type=_port, default=8100)
     up.add_argument(
         "--router-policy",
-        choices=get_args(RouterPolicy),
+        choices=STANDING_ROUTER_POLICIES,
         default="cache_aware",
         help="the router's policy with --replicas > 1 (cache_aware: by prefix)",
     )

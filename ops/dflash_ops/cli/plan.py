@@ -10,7 +10,7 @@ from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import GPUS
 from dflash_ops.plan.kv_capacity import DEFAULT_PROFILE_RESERVE_GIB
-from dflash_ops.plan.model import MAX_K
+from dflash_ops.vocabulary import CHART_METHODS, MAX_K
 
 
 def register(subparsers: Any) -> None:
@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--method",
         default="dflash",
-        choices=["dflash", "mtp", "ngram", "off"],
+        choices=CHART_METHODS,
         help="speculative method (default dflash)",
     )
     parser.add_argument(

@@ -5,13 +5,8 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Literal
 
 from dflash_ops.errors import UserError
-
-# vllm-router's --policy values that need nothing beyond worker URLs (kv_aware also needs the
-# engines' KV-event sources).
-RouterPolicy = Literal["cache_aware", "round_robin", "consistent_hash", "power_of_two", "random"]
 
 # What vllm-router shows in /proc/<pid>/cmdline once started (it calls setproctitle).
 PROCESS_TITLE = "vllm::router"

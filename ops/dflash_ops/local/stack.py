@@ -22,13 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
 from dflash_ops.errors import UserError
-from dflash_ops.local.router import PROCESS_TITLE, RouterPolicy, router_argv
+from dflash_ops.local.router import PROCESS_TITLE, router_argv
 from dflash_ops.local.supervisor import (
     ProcessRecord,
     alive,
@@ -43,8 +42,8 @@ from dflash_ops.local.supervisor import (
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
 from dflash_ops.paths import RULES_DIR
 from dflash_ops.speculative_config import speculative_config_args
+from dflash_ops.vocabulary import MAX_K, LocalMethod, StandingRouterPolicy
 
-LocalSpecMethod = Literal["draft_model", "ngram", "off"]
 SERVED_MODEL = "tiny"
 # The URL path that answers 200 once each kind of component is ready (the router: once one of
 # its engines is healthy).
@@ -75,8 +74,8 @@ class StackConfig(BaseModel):
     engine_port: int = Field(default=8000, ge=1, le=65535)
     sidecar_port: int = Field(default=9100, ge=1, le=65535)
     prometheus_port: int = Field(default=9090, ge=1, le=65535)
-    method: LocalSpecMethod = "draft_model"
-    num_speculative_tokens: int = Field(default=4, ge=1, le=15)
+    method: LocalMethod = "draft_model"
+    num_speculative_tokens: int = Field(default=4, ge=1, le=MAX_K)
     draft_noise: float = Field(default=0.05, ge=0.0, le=10.0)
     prometheus: bool = True
     engine_timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
@@ -105,7 +104,7 @@ class StackConfig(BaseModel):
     )
     replica_base_port: int = Field(default=8100, ge=1, le=65535 - 8)
     router_metrics_port: int = Field(default=29000, ge=1, le=65535)
-    router_policy: RouterPolicy = "cache_aware"
+    router_policy: StandingRouterPolicy = "cache_aware"
     auth: bool = Field(
         default=False,
         description="the chart's door (nginx) in front of every engine and the router, checking "

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from dflash_ops.errors import UserError
 from dflash_ops.plan.checkpoint import HybridCheckpoint
 from dflash_ops.plan.draft import DraftProfile
-from dflash_ops.plan.model import SpecMethod
+from dflash_ops.vocabulary import ChartMethod
 
 GIB = 1024**3
 DEFAULT_CONTEXT_LENGTHS = (8192, 32768, 65536)
@@ -55,7 +55,7 @@ class KvLayer(BaseModel):
 
 
 def layer_inventory(
-    ckpt: HybridCheckpoint, method: SpecMethod, draft: DraftProfile | None
+    ckpt: HybridCheckpoint, method: ChartMethod, draft: DraftProfile | None
 ) -> list[KvLayer]:
     """The layers the engine reports KV specs for, in the model's order: each QSA layer's main
     K/V, raw-key ring and compressed keys; each GDN layer; the PLE conv state; the MTP module's

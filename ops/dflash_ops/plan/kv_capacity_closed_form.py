@@ -27,7 +27,8 @@ from dflash_ops.plan.kv_capacity import (
     requests_that_fit,
     start_error,
 )
-from dflash_ops.plan.model import BlockSizePlan, SpecMethod
+from dflash_ops.plan.model import BlockSizePlan
+from dflash_ops.vocabulary import ChartMethod
 
 BF16 = 2
 ROPE_AXES = 3  # QSAKeyStateCache: int64 MRoPE positions stored as 4 bf16 each, 3 axes
@@ -52,7 +53,7 @@ class _Page:
 def _pages(
     ckpt: HybridCheckpoint,
     plan: BlockSizePlan,
-    method: SpecMethod,
+    method: ChartMethod,
     draft: DraftProfile | None,
     inputs: CapacityInputs,
 ) -> list[_Page]:
@@ -181,7 +182,7 @@ def kv_capacity(
     ckpt: HybridCheckpoint,
     plan: BlockSizePlan,
     *,
-    method: SpecMethod,
+    method: ChartMethod,
     draft: DraftProfile | None,
     inputs: CapacityInputs,
 ) -> KvCapacity:

@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dflash_ops.vocabulary import MAX_K
+
 KvCacheDtype = Literal["auto", "bfloat16", "fp8"]
-SpecMethod = Literal["dflash", "mtp", "ngram", "off"]
-MAX_K = 15
 
 
 def ring_capacity(compress_ratio: int, k: int) -> int:

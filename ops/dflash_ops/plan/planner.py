@@ -20,9 +20,10 @@ from dflash_ops.plan.kv_capacity import (
     CapacityInputs,
     KvCapacity,
 )
-from dflash_ops.plan.model import MAX_K, BlockSizeInputs, BlockSizePlan, KvCacheDtype, SpecMethod
+from dflash_ops.plan.model import BlockSizeInputs, BlockSizePlan, KvCacheDtype
 from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION
 from dflash_ops.speculative_config import speculative_config_args
+from dflash_ops.vocabulary import MAX_K, ChartMethod
 
 EngineName = Literal["auto", "vllm", "closed-form"]
 Engine = Callable[[HybridCheckpoint, BlockSizeInputs], BlockSizePlan]
@@ -95,7 +96,7 @@ class DeploymentPlan(BaseModel):
     gpu: str
     tp: int
     kv_cache_dtype: KvCacheDtype
-    method: SpecMethod
+    method: ChartMethod
     engine: str
     plans: list[BlockSizePlan]
     recommended_block_size: dict[int, int]
@@ -160,7 +161,7 @@ def check_prefix_match_unit(unit: int, plan: BlockSizePlan, compress_ratio: int)
 
 def vllm_args(
     plan: BlockSizePlan,
-    method: SpecMethod,
+    method: ChartMethod,
     draft_model: str | None,
     prefix_match_unit: int | None = None,
 ) -> list[str]:
@@ -203,7 +204,7 @@ def capacity_inputs(
     *,
     gpu: str,
     tp: int,
-    method: SpecMethod,
+    method: ChartMethod,
     draft: DraftProfile | None,
     gpu_memory_gib: float | None = None,
     utilization: float = 0.90,
@@ -274,7 +275,7 @@ def make_plan(
     tp: int,
     ks: list[int],
     kv_cache_dtype: KvCacheDtype = "auto",
-    method: SpecMethod = "dflash",
+    method: ChartMethod = "dflash",
     draft_model: str | None = None,
     draft: DraftProfile | None = None,
     engine: EngineName = "auto",

@@ -9,12 +9,13 @@ from dflash_sidecar.acceptance_window import acceptance_length_at
 from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.results import BenchResult, LevelResult
-from dflash_ops.bench.sweep.deployers import Setting, SweepMethod
+from dflash_ops.bench.sweep.deployers import Setting
+from dflash_ops.vocabulary import SpeculativeMethod
 
 
 class PointFigures(BaseModel):
     key: str
-    method: SweepMethod
+    method: SpeculativeMethod
     k: int
     level: str
     output_tokens_per_s: float
@@ -36,7 +37,7 @@ class LevelRecommendation(BaseModel):
 
 
 class Prediction(BaseModel):
-    method: SweepMethod
+    method: SpeculativeMethod
     from_k: int
     level: str
     k: int

@@ -18,15 +18,16 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import yaml
 
 from dflash_ops.errors import UserError
+from dflash_ops.vocabulary import CHART_METHODS, LOCAL_METHODS, SpeculativeMethod, speculating
 
-SweepMethod = Literal["dflash", "mtp", "ngram", "draft_model", "off"]
-LOCAL_METHODS: tuple[SweepMethod, ...] = ("draft_model", "ngram")
-HELM_METHODS: tuple[SweepMethod, ...] = ("dflash", "mtp", "ngram")
+# The methods each deployer sweeps besides off: what the local stack and the chart serve.
+LOCAL_SWEEP_METHODS: tuple[SpeculativeMethod, ...] = speculating(LOCAL_METHODS)
+HELM_SWEEP_METHODS: tuple[SpeculativeMethod, ...] = speculating(CHART_METHODS)
 SWEEP_MARKER = "sweep-owned"
 
 
@@ -35,7 +36,7 @@ class Setting:
     """One point of the sweep's method axis: k = 0 is speculation off."""
 
     k: int
-    method: SweepMethod
+    method: SpeculativeMethod
 
     @property
     def key(self) -> str:

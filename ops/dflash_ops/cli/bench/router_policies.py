@@ -10,13 +10,11 @@ from typing import Any
 from dflash_ops.cli.arguments import choice_list, number
 from dflash_ops.cli.bench.flags import needs_bench_extra
 from dflash_ops.errors import UserError
+from dflash_ops.vocabulary import ROUTER_POLICIES
 
-# vllm-router 0.1.17's --policy choices for plain HTTP workers; kv_aware is fed by the engines'
-# KV-cache events (the benchmark starts the engines with --kv-events-config for it).
-POLICIES = ("cache_aware", "kv_aware", "round_robin", "consistent_hash", "power_of_two", "random")
-
-
-policy_list = choice_list(POLICIES, "policies", "cache_aware,round_robin")
+# kv_aware is fed by the engines' KV-cache events (the benchmark starts the engines with
+# --kv-events-config for it).
+policy_list = choice_list(ROUTER_POLICIES, "policies", "cache_aware,round_robin")
 
 
 def register(actions: Any) -> None:
@@ -35,8 +33,8 @@ def register(actions: Any) -> None:
     parser.add_argument(
         "--policies",
         type=policy_list,
-        default=["cache_aware", "round_robin", "consistent_hash"],
-        help="(cache_aware,round_robin,consistent_hash)",
+        default="cache_aware,round_robin,consistent_hash",
+        help="(%(default)s)",
     )
     parser.add_argument("--prefix-groups", type=number(int, 1, 1000), default=8, help="(8)")
     parser.add_argument(

@@ -18,11 +18,9 @@ from dflash_ops.cli.bench.flags import (
     needs_bench_extra,
 )
 from dflash_ops.errors import UserError
+from dflash_ops.vocabulary import MAX_K, SPECULATIVE_METHODS
 
-METHODS = ("dflash", "mtp", "ngram", "draft_model", "off")
-
-
-method_list = choice_list(METHODS, "methods", "dflash,mtp")
+method_list = choice_list(SPECULATIVE_METHODS, "methods", "dflash,mtp")
 
 
 def register(actions: Any) -> None:
@@ -50,7 +48,7 @@ def register(actions: Any) -> None:
     )
     sweep.add_argument(
         "--k",
-        type=number_list(int, 0, 15, low_open=False),
+        type=number_list(int, 0, MAX_K, low_open=False),
         default=[0, 2, 4],
         help="num_speculative_tokens values; 0 is speculation off (0,2,4)",
     )
@@ -112,9 +110,9 @@ def register(actions: Any) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> list[Any]:
-    from dflash_ops.bench.sweep.deployers import HELM_METHODS, LOCAL_METHODS, Setting
+    from dflash_ops.bench.sweep.deployers import HELM_SWEEP_METHODS, LOCAL_SWEEP_METHODS, Setting
 
-    allowed = LOCAL_METHODS if args.deployer == "local" else HELM_METHODS
+    allowed = LOCAL_SWEEP_METHODS if args.deployer == "local" else HELM_SWEEP_METHODS
     methods = args.method or [allowed[0]]
     wrong = [m for m in methods if m != "off" and m not in allowed]
     if wrong:

@@ -19,13 +19,14 @@ from dflash_ops.plan.kv_capacity import (
     requests_that_fit,
     start_error,
 )
-from dflash_ops.plan.model import BlockSizeInputs, BlockSizePlan, SpecMethod
+from dflash_ops.plan.model import BlockSizeInputs, BlockSizePlan
 from dflash_ops.plan.vllm_engine.runtime import (
     build_vllm_config,
     kv_torch_dtype,
     prefill_checkpoint_alignment,
     vllm_modules,
 )
+from dflash_ops.vocabulary import ChartMethod
 
 # vLLM 0.33.0 names the capacity engine uses, as module:attribute. Loaded untyped: mypy runs
 # beside the CPU engine's vLLM, which lacks some (this code only runs where vllm_available()).
@@ -100,7 +101,7 @@ def _layer_specs(
     vllm_config: Any,
     ckpt: HybridCheckpoint,
     plan: BlockSizePlan,
-    method: SpecMethod,
+    method: ChartMethod,
     draft: DraftProfile | None,
 ) -> dict[str, Any]:
     """Each layer's KV spec as the model runner collects it (`get_kv_cache_spec`, then
@@ -241,7 +242,7 @@ def kv_cache_groups(
     ckpt: HybridCheckpoint,
     plan: BlockSizePlan,
     *,
-    method: SpecMethod,
+    method: ChartMethod,
     draft: DraftProfile | None,
     inputs: CapacityInputs,
 ) -> tuple[Any, dict[str, Any], list[Any]]:
@@ -264,7 +265,7 @@ def kv_capacity(
     ckpt: HybridCheckpoint,
     plan: BlockSizePlan,
     *,
-    method: SpecMethod,
+    method: ChartMethod,
     draft: DraftProfile | None,
     inputs: CapacityInputs,
 ) -> KvCapacity:
