@@ -242,6 +242,35 @@ class Delta:
         )
 
 
+@dataclass(frozen=True)
+class AcceptanceFigures:
+    """What a counter increase says about acceptance: the one formula for the sidecar's windows
+    and the benchmark's runs."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    mean_acceptance_length: float | None
+    draft_acceptance_rate: float | None
+    per_position: list[float]
+
+
+def acceptance_figures(delta: Delta, k: int | None = None) -> AcceptanceFigures | str:
+    """The figures of `delta`, or why they are withheld (they would be impossible)."""
+    impossible = delta.impossible(k)
+    if impossible is not None:
+        return f"figures withheld: {impossible}"
+    mal, rate, _ = acceptance_ratios(delta.drafts, delta.draft_tokens, delta.accepted, [])
+    return AcceptanceFigures(
+        drafts=delta.drafts,
+        draft_tokens=delta.draft_tokens,
+        accepted=delta.accepted,
+        mean_acceptance_length=mal,
+        draft_acceptance_rate=rate,
+        per_position=delta.per_position(),
+    )
+
+
 class AcceptanceWindow:
     """Trusted snapshots of one series, oldest first, at most `capacity` of them."""
 

@@ -29,11 +29,12 @@ import httpx
 
 from dflash_sidecar import metrics_parser
 from dflash_sidecar.acceptance_window import (
+    AcceptanceFigures,
     AcceptanceWindow,
     Delta,
     SampleProblem,
     Snapshot,
-    acceptance_ratios,
+    acceptance_figures,
     smaller_k_acceptance_lengths,
 )
 from dflash_sidecar.engine_state import EngineState, EngineStateTracker
@@ -483,9 +484,9 @@ class EngineMonitor:
     def _window_stats(self, delta: Delta | None, seconds: float, why_none: str) -> WindowStats:
         thresholds = self.settings.thresholds
         k = self.settings.speculative_tokens
-        impossible = delta.impossible(k) if delta is not None and delta.seconds > 0 else None
-        if delta is None or delta.seconds <= 0 or impossible is not None:
-            reason = why_none if impossible is None else f"figures withheld: {impossible}"
+        figures = acceptance_figures(delta, k) if delta is not None and delta.seconds > 0 else None
+        if delta is None or not isinstance(figures, AcceptanceFigures):
+            reason = figures if isinstance(figures, str) else why_none
             return WindowStats(
                 window_seconds=seconds,
                 span_seconds=None,
@@ -498,9 +499,8 @@ class EngineMonitor:
                 verdict=Verdict.NO_DATA,
                 verdict_reason=reason,
             )
-        drafts = delta.drafts
-        mal, rate, _ = acceptance_ratios(drafts, delta.draft_tokens, delta.accepted, [])
-        per_pos = delta.per_position()
+        drafts, mal = figures.drafts, figures.mean_acceptance_length
+        rate, per_pos = figures.draft_acceptance_rate, figures.per_position
         verdict, reason = judge(drafts, mal, per_pos, thresholds)
         return WindowStats(
             window_seconds=seconds,

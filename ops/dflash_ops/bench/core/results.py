@@ -104,11 +104,13 @@ class RunResult(BaseModel):
     goodput_requests_per_s: float | None = None
     engine_restarted: bool = Field(
         default=False,
-        description="the engine's counters went backwards during this pass: it restarted, so "
-        "this pass's counters are left out of the level's acceptance",
+        description="an engine's generation counter went back during this pass: it restarted, "
+        "so its counters are left out of this pass's acceptance (the sidecar's rule)",
     )
     spec_decode: SpecDecodeStats | None = Field(
-        default=None, description="this pass's /metrics deltas; null across a restart"
+        default=None,
+        description="this pass's /metrics deltas, by the sidecar's formula; null when no engine "
+        "was counted throughout the pass or the figures would be impossible",
     )
 
 

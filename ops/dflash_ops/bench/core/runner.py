@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import random
 import sys
 import time
@@ -18,8 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from dflash_sidecar.acceptance_window import acceptance_ratios
-from dflash_sidecar.metrics_parser import SeriesSample
+from dflash_sidecar import metrics_parser
+from dflash_sidecar.acceptance_window import (
+    AcceptanceWindow,
+    Delta,
+    SampleProblem,
+    acceptance_figures,
+)
+from dflash_sidecar.acceptance_window import Snapshot as CounterSnapshot
+from dflash_sidecar.metrics_parser import SeriesKey
 
 from dflash_ops.bench.core import slo
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
@@ -80,78 +88,66 @@ class Progress:
             self.stream.write("\n")
 
 
+SeriesId = tuple[str, SeriesKey]  # (the page's URL, the series' labels)
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """The engine's cumulative counters at one moment (None where it exports none)."""
+    """The engines' cumulative counters at one moment: each series of each page counted, as
+    the sidecar takes it (dflash_sidecar.acceptance_window.Snapshot; a page it would not trust
+    is left out), and the prefix-cache and finished-request counters."""
 
-    spec: SeriesSample | None
+    series: dict[SeriesId, CounterSnapshot]
+    speculating: bool  # some series exports speculative-decoding counters
     prefix: tuple[float, float] | None  # (hit tokens, queried tokens)
     # Finished requests per engine counted (--metrics-url), for each replica's share.
     finished: dict[str, float] = field(default_factory=dict)
 
 
-def went_backwards(before: Snapshot, after: Snapshot) -> bool:
-    """The sidecar's reset rule: a cumulative counter that decreased means the engine restarted
-    (its counters start again from zero) between the two snapshots."""
-    pairs: list[tuple[float, float]] = []
-    if before.spec is not None and after.spec is not None:
-        b, a = before.spec, after.spec
-        pairs += [
-            (b.drafts, a.drafts),
-            (b.draft_tokens, a.draft_tokens),
-            (b.accepted, a.accepted),
-            (b.generation_tokens, a.generation_tokens),
-        ]
-        pairs += [(v, a.accepted_per_pos.get(i, 0.0)) for i, v in b.accepted_per_pos.items()]
-    if before.prefix is not None and after.prefix is not None:
-        pairs += list(zip(before.prefix, after.prefix, strict=True))
-    pairs += [
-        (n, after.finished[url]) for url, n in before.finished.items() if url in after.finished
-    ]
-    return any(later < earlier for earlier, later in pairs)
+@dataclass(frozen=True)
+class Increase:
+    """What the counters did between two snapshots, by the sidecar's rules: each series seen at
+    both ends is a window of those two snapshots, and their increases add up."""
+
+    delta: Delta | None
+    restarted: bool  # an engine restarted (its generation counter went back)
+    inconsistent: bool  # a counter went back while the engine kept running: not trusted
 
 
-def spec_delta(before: SeriesSample | None, after: SeriesSample | None) -> SpecDecodeStats | None:
-    if before is None or after is None:
+def increase(before: Snapshot, after: Snapshot) -> Increase:
+    total: Delta | None = None
+    restarted = inconsistent = False
+    for key, old in before.series.items():
+        new = after.series.get(key)
+        if new is None:
+            continue
+        window = AcceptanceWindow(2)
+        window.add(old)
+        outcome = window.add(new)
+        if isinstance(outcome, SampleProblem):
+            inconsistent = True
+        elif outcome:
+            restarted = True
+        elif (delta := window.delta(math.inf, new.at, math.inf)) is not None:
+            total = delta if total is None else total + delta
+    return Increase(total, restarted, inconsistent)
+
+
+def spec_stats(delta: Delta | None) -> SpecDecodeStats | str | None:
+    """The acceptance of a counter increase by the sidecar's formula; why it is withheld; or
+    None without one."""
+    if delta is None:
         return None
-    was, now = before.accepted_per_pos, after.accepted_per_pos
-    positions = range(max(now, default=-1) + 1)
-    return spec_stats(
-        after.drafts - before.drafts,
-        after.draft_tokens - before.draft_tokens,
-        after.accepted - before.accepted,
-        [now.get(i, 0.0) - was.get(i, 0.0) for i in positions],
-    )
-
-
-def spec_stats(
-    drafts: float, draft_tokens: float, accepted: float, per_pos: list[float]
-) -> SpecDecodeStats:
-    mal, rate, per_position = acceptance_ratios(drafts, draft_tokens, accepted, per_pos)
+    figures = acceptance_figures(delta)
+    if isinstance(figures, str):
+        return figures
     return SpecDecodeStats(
-        drafts=drafts,
-        draft_tokens=draft_tokens,
-        accepted=accepted,
-        mean_acceptance_length=mal,
-        draft_acceptance_rate=rate,
-        per_position_acceptance=per_position,
-    )
-
-
-def spec_sum(passes: list[SpecDecodeStats]) -> SpecDecodeStats | None:
-    """The acceptance of several passes together (counter deltas add up, ratios do not)."""
-    if not passes:
-        return None
-    width = max(len(p.per_position_acceptance) for p in passes)
-    per_pos = [0.0] * width
-    for p in passes:
-        for i, share in enumerate(p.per_position_acceptance):
-            per_pos[i] += share * p.drafts
-    return spec_stats(
-        sum(p.drafts for p in passes),
-        sum(p.draft_tokens for p in passes),
-        sum(p.accepted for p in passes),
-        per_pos,
+        drafts=figures.drafts,
+        draft_tokens=figures.draft_tokens,
+        accepted=figures.accepted,
+        mean_acceptance_length=figures.mean_acceptance_length,
+        draft_acceptance_rate=figures.draft_acceptance_rate,
+        per_position_acceptance=figures.per_position,
     )
 
 
@@ -292,6 +288,9 @@ class LevelProgress:
     first: Snapshot | None = None
     last: Snapshot | None = None
     restarted_runs: list[int] = field(default_factory=list)
+    # The counter increase of each run with acceptance figures, and why the others have none.
+    deltas: list[Delta] = field(default_factory=list)
+    withheld: dict[int, str] = field(default_factory=dict)
     partial: str | None = None
     pass_kept: int = 0  # records before the pass in progress
     pass_started: float = 0.0
@@ -306,7 +305,7 @@ class LevelProgress:
             runs.append(
                 pass_result(self.records[self.pass_kept :], self.pass_started, self.objectives)
             )
-        spec_passes = [r.spec_decode for r in runs if r.spec_decode is not None]
+        level_spec = spec_stats(sum(self.deltas[1:], self.deltas[0]) if self.deltas else None)
         prefix = None
         first = self.first.prefix if self.first else None
         last = self.last.prefix if self.last else None
@@ -333,9 +332,10 @@ class LevelProgress:
         if self.restarted_runs:
             which = ", ".join(str(i) for i in self.restarted_runs)
             notes.append(
-                f"the engine restarted during run {which} (its counters went backwards): "
-                "acceptance is from the other runs only, prefix-cache hits are not reported"
+                f"an engine restarted during run {which} (its generation counter went back): "
+                "acceptance leaves out its counters there, prefix-cache hits are not reported"
             )
+        notes += [f"run {run}: {why}" for run, why in self.withheld.items()]
         goodput = None
         attainment = None
         if self.objectives:
@@ -353,7 +353,7 @@ class LevelProgress:
             tpot_ms=Percentiles.of_seconds([t for r in ok if (t := r.tpot_s) is not None]),
             itl_ms=Percentiles.of_seconds([gap for r in ok for gap in r.chunk_gaps_s]),
             e2e_ms=Percentiles.of_seconds([r.latency_s for r in ok]),
-            spec_decode=spec_sum(spec_passes),
+            spec_decode=level_spec if isinstance(level_spec, SpecDecodeStats) else None,
             prefix_cache=prefix,
             replica_share=share,
             errors=[r.error for r in self.records if r.error][:5],
@@ -368,16 +368,26 @@ class LevelProgress:
         )
 
 
-async def snapshot(endpoint: Endpoint) -> Snapshot:
-    pages = await endpoint.metrics_pages()
+def snapshot_of(pages: dict[str, str | None], at: float) -> Snapshot:
+    """The counters of the engines' /metrics pages (by URL) read at `at` (monotonic seconds)."""
+    series: dict[SeriesId, CounterSnapshot] = {}
+    speculating = False
+    for url, text in pages.items():
+        for key, sample in metrics_parser.parse(text or "").series.items():
+            speculating = speculating or sample.has_spec_decode
+            taken = CounterSnapshot.of(at, sample)
+            if isinstance(taken, CounterSnapshot):
+                series[(url, key)] = taken
     finished = {
         url: n
         for url, text in pages.items()
-        if (n := endpoint.finished_requests_of(text)) is not None
+        if (n := Endpoint.finished_requests_of(text)) is not None
     }
-    return Snapshot(
-        endpoint.counters_of(*pages.values()), endpoint.prefix_cache_of(*pages.values()), finished
-    )
+    return Snapshot(series, speculating, Endpoint.prefix_cache_of(*pages.values()), finished)
+
+
+async def snapshot(endpoint: Endpoint) -> Snapshot:
+    return snapshot_of(await endpoint.metrics_pages(), time.monotonic())
 
 
 async def run_level(
@@ -421,11 +431,20 @@ async def run_level(
             state.partial = outcome.stop_reason
             break
         after = state.last = await snapshot(endpoint)
-        if went_backwards(before, after):
+        counted = increase(before, after)
+        if counted.restarted:
             state.restarted_runs.append(repeat + 1)
             run.engine_restarted = True
-        else:
-            run.spec_decode = spec_delta(before.spec, after.spec)
+        if counted.inconsistent:
+            state.withheld[repeat + 1] = (
+                "a counter went back while its engine kept running: that engine is left out"
+            )
+        stats = spec_stats(counted.delta) if after.speculating else None
+        if isinstance(stats, str):
+            state.withheld[repeat + 1] = stats
+        elif stats is not None and counted.delta is not None:
+            run.spec_decode = stats
+            state.deltas.append(counted.delta)
         state.runs.append(run)
         state.pass_kept = len(state.records)
         print(
