@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from dflash_ops.bench.core.client import Endpoint
 from dflash_ops.bench.core.prompts import build
+from dflash_ops.bench.core.results import BenchSettings
 from dflash_ops.bench.core.run_directory import RunDirectory
 from dflash_ops.bench.core.runner import Level, Progress, run_pass
 from dflash_ops.errors import UserError
@@ -56,14 +57,16 @@ async def _ours(url: str, concurrency: int, requests: int, max_tokens: int, work
     directory = RunDirectory(work / "ours")
     try:
         prompts = build("random", requests, input_len=32)
+        settings = BenchSettings(
+            prompt_set="random", input_len=32, max_tokens=max_tokens, num_requests=requests,
+            duration_s=None, repeats=1, warmup=0, seed=0,
+        )  # fmt: skip
         run, _ = await run_pass(
             endpoint,
             "fake",
             prompts,
             Level(concurrency=concurrency),
-            max_tokens,
-            requests,
-            None,
+            settings,
             0,
             Progress("dflash-serve bench:", requests, stream=open(os.devnull, "w")),  # noqa: SIM115
             on_record=lambda record: directory.record("ceiling", 1, record),

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.client import Endpoint
 from dflash_ops.bench.core.results import BenchSettings
-from dflash_ops.bench.core.runner import Level, run_bench
+from dflash_ops.bench.core.runner import Level, Target, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.local import stack
 from dflash_ops.local.router import router_argv
@@ -142,7 +142,9 @@ def one_run(
     router: Router | None,
 ) -> PolicyRun:  # fmt: skip
     before = asyncio.run(_counters(engines))
-    result = asyncio.run(run_bench(target, stack.SERVED_MODEL, [Level(concurrency)], settings))
+    result = asyncio.run(
+        run_bench(Target(target, stack.SERVED_MODEL), [Level(concurrency)], settings)
+    )
     after = asyncio.run(_counters(engines))
     level = result.levels[0]
     hits, queries = after[0] - before[0], after[1] - before[1]

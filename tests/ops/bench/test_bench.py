@@ -13,7 +13,7 @@ from dflash_ops.bench.core.client import Endpoint, check_base_url
 from dflash_ops.bench.core.prompts import build
 from dflash_ops.bench.core.results import BenchResult, BenchSettings, Percentiles, Spread
 from dflash_ops.bench.core.run_directory import RunDirectory
-from dflash_ops.bench.core.runner import Level, check_lossless, run_bench
+from dflash_ops.bench.core.runner import Level, Target, check_lossless, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import free_port
 
@@ -35,7 +35,7 @@ def settings(**overrides: object) -> BenchSettings:
 
 def test_a_level_reports_latencies_throughput_spread_and_acceptance(instant_server: str) -> None:
     result = asyncio.run(
-        run_bench(instant_server, None, [Level(concurrency=1), Level(concurrency=4)], settings())
+        run_bench(Target(instant_server), [Level(concurrency=1), Level(concurrency=4)], settings())
     )
     assert result.model == "fake"
     assert [level.label for level in result.levels] == ["concurrency 1", "concurrency 4"]
@@ -60,8 +60,7 @@ def test_request_rate_mode_spaces_arrivals_like_a_poisson_process(instant_server
     started = time.perf_counter()
     result = asyncio.run(
         run_bench(
-            instant_server,
-            "fake",
+            Target(instant_server, "fake"),
             [Level(request_rate=20.0, max_concurrency=4)],
             settings(num_requests=40, repeats=1, warmup=0),
         )
@@ -77,8 +76,7 @@ def test_request_rate_mode_spaces_arrivals_like_a_poisson_process(instant_server
 def test_duration_mode_stops_issuing_at_the_deadline(instant_server: str) -> None:
     result = asyncio.run(
         run_bench(
-            instant_server,
-            "fake",
+            Target(instant_server, "fake"),
             [Level(concurrency=2)],
             settings(num_requests=None, duration_s=1.0, repeats=1, warmup=0),
         )
@@ -120,7 +118,7 @@ def test_unreachable_server_fails_fast_naming_the_url() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(UserError, match=f"cannot reach {url}/v1/models"):
-        asyncio.run(run_bench(url, None, [Level(concurrency=1)], settings()))
+        asyncio.run(run_bench(Target(url), [Level(concurrency=1)], settings()))
     assert time.monotonic() - started < 12  # the 10 s connect timeout at most
 
 
@@ -129,11 +127,13 @@ def test_non_json_model_list_and_failing_requests_are_one_line_errors(
 ) -> None:
     with pytest.raises(UserError, match="is not an OpenAI model list: '<html>502"):
         asyncio.run(
-            run_bench(f"{scripted_server}/garbage", None, [Level(concurrency=1)], settings())
+            run_bench(Target(f"{scripted_server}/garbage"), [Level(concurrency=1)], settings())
         )
     with pytest.raises(UserError, match=r"model 'qwen' is not served at .*; it serves: fake"):
         asyncio.run(
-            run_bench(f"{scripted_server}/no-ids", "qwen", [Level(concurrency=1)], settings())
+            run_bench(
+                Target(f"{scripted_server}/no-ids", "qwen"), [Level(concurrency=1)], settings()
+            )
         )
 
 
@@ -162,7 +162,9 @@ def test_lossless_check_is_never_vacuous(instant_server: str, scripted_server: s
 
 def test_compare_puts_runs_side_by_side_with_ratios_to_the_first(instant_server: str) -> None:
     a = asyncio.run(
-        run_bench(instant_server, "fake", [Level(concurrency=1), Level(concurrency=2)], settings())
+        run_bench(
+            Target(instant_server, "fake"), [Level(concurrency=1), Level(concurrency=2)], settings()
+        )
     )
     slower = a.model_copy(deep=True)
     for level in slower.levels:
@@ -227,7 +229,7 @@ def test_the_run_directory_holds_every_request_and_the_last_result(
 
     result = asyncio.run(
         run_bench(
-            instant_server, "fake", [Level(concurrency=2)], settings(), on_result=save,
+            Target(instant_server, "fake"), [Level(concurrency=2)], settings(), on_result=save,
             on_record=directory.record,
         )
     )  # fmt: skip
@@ -250,7 +252,7 @@ def test_goodput_counts_requests_meeting_every_objective(scripted_server: str) -
     # /slow streams a token every 50 ms: TTFT ~50 ms, TPOT ~50 ms.
     lenient = asyncio.run(
         run_bench(
-            f"{scripted_server}/slow", "fake", [Level(concurrency=2)],
+            Target(f"{scripted_server}/slow", "fake"), [Level(concurrency=2)],
             settings(num_requests=4, repeats=1, warmup=0, max_tokens=4,
                      goodput={"ttft": 5000.0, "tpot": 5000.0}),
         )
@@ -261,7 +263,7 @@ def test_goodput_counts_requests_meeting_every_objective(scripted_server: str) -
     assert level.goodput_requests_per_s.mean == pytest.approx(level.requests_per_s.mean)
     strict = asyncio.run(
         run_bench(
-            f"{scripted_server}/slow", "fake", [Level(concurrency=2)],
+            Target(f"{scripted_server}/slow", "fake"), [Level(concurrency=2)],
             settings(num_requests=4, repeats=1, warmup=0, max_tokens=4,
                      goodput={"ttft": 5000.0, "tpot": 10.0}),
         )
@@ -275,8 +277,12 @@ def test_compare_cli_needs_a_common_level_and_two_runs(instant_server: str, tmp_
     import subprocess
     import sys
 
-    a = asyncio.run(run_bench(instant_server, "fake", [Level(concurrency=1)], settings(repeats=1)))
-    b = asyncio.run(run_bench(instant_server, "fake", [Level(concurrency=2)], settings(repeats=1)))
+    a = asyncio.run(
+        run_bench(Target(instant_server, "fake"), [Level(concurrency=1)], settings(repeats=1))
+    )
+    b = asyncio.run(
+        run_bench(Target(instant_server, "fake"), [Level(concurrency=2)], settings(repeats=1))
+    )
     for name, result in (("a", a), ("b", b)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(result.model_dump_json())
@@ -300,7 +306,9 @@ def test_compare_cli_needs_a_common_level_and_two_runs(instant_server: str, tmp_
 
 def test_identical_greedy_curves_are_drawn_once(instant_server: str) -> None:
     result = asyncio.run(
-        run_bench(instant_server, "fake", [Level(concurrency=1), Level(concurrency=2)], settings())
+        run_bench(
+            Target(instant_server, "fake"), [Level(concurrency=1), Level(concurrency=2)], settings()
+        )
     )
     # The instant server's acceptance is the same at every load, as greedy decoding's is.
     groups = report.curve_groups(result)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from dflash_ops.bench.core import report
 from dflash_ops.bench.core.client import Endpoint
-from dflash_ops.bench.core.runner import Level, run_bench
+from dflash_ops.bench.core.runner import Level, Target, run_bench
 
 from tests.ops.bench.conftest import serve
 from tests.ops.bench.test_bench import settings
@@ -53,7 +53,9 @@ def test_counters_are_summed_over_the_replicas_and_each_share_reported(
 ) -> None:
     before = [asyncio.run(drafts_of([url])) for url in replicas]
     result = asyncio.run(
-        run_bench(router, None, [Level(concurrency=2)], settings(repeats=1, metrics_urls=replicas))
+        run_bench(
+            Target(router), [Level(concurrency=2)], settings(repeats=1, metrics_urls=replicas)
+        )
     )
     after = [asyncio.run(drafts_of([url])) for url in replicas]
     (level,) = result.levels
@@ -72,7 +74,9 @@ def test_counters_are_summed_over_the_replicas_and_each_share_reported(
 
 
 def test_one_engine_reports_no_share(replicas: list[str]) -> None:
-    result = asyncio.run(run_bench(replicas[0], None, [Level(concurrency=1)], settings(repeats=1)))
+    result = asyncio.run(
+        run_bench(Target(replicas[0]), [Level(concurrency=1)], settings(repeats=1))
+    )
     assert result.levels[0].replica_share is None
 
 

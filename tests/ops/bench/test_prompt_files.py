@@ -11,7 +11,7 @@ import pytest
 from dflash_ops.bench.core import prompt_files
 from dflash_ops.bench.core.results import BenchSettings
 from dflash_ops.bench.core.run_directory import RunDirectory
-from dflash_ops.bench.core.runner import Level, run_bench
+from dflash_ops.bench.core.runner import Level, Target, run_bench
 from dflash_ops.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -92,7 +92,7 @@ def test_a_run_over_the_custom_set_honours_each_output_len(
     directory = RunDirectory(tmp_path)
     asyncio.run(
         run_bench(
-            instant_server, "fake", [Level(concurrency=2)], settings, prompts=prompts,
+            Target(instant_server, "fake"), [Level(concurrency=2)], settings, prompts=prompts,
             on_record=directory.record,
         )
     )  # fmt: skip

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,7 +24,7 @@ from dflash_ops.bench.core import report
 from dflash_ops.bench.core.client import RequestRecord
 from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
-from dflash_ops.bench.core.runner import Level, LevelPlan, run_bench
+from dflash_ops.bench.core.runner import Level, LevelPlan, Target, run_bench
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -118,17 +117,10 @@ class BenchInterrupted(Exception):
 
 def run_into(
     out: Path,
-    base_url: str,
-    model: str | None,
+    target: Target,
     levels: list[Level] | LevelPlan,
     settings: BenchSettings,
-    *,
-    reference_url: str | None = None,
-    reference_model: str | None = None,
-    lossless_concurrency: tuple[int, ...] = (1, 4),
-    api_key: str | None = None,
     prompts: list[Prompt] | None = None,
-    token_counter: Callable[[str], int] | None = None,
 ) -> BenchResult:
     """Run the benchmark, writing `out` as it goes. Ctrl-C and SIGTERM stop it with what was
     measured written (BenchInterrupted); a run that stopped early raises runner.BenchStopped."""
@@ -147,16 +139,10 @@ def run_into(
         loop.add_signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
         try:
             return await run_bench(
-                base_url,
-                model,
+                target,
                 levels,
                 settings,
-                reference_url=reference_url,
-                reference_model=reference_model,
-                lossless_concurrency=lossless_concurrency,
-                api_key=api_key,
-                prompts=prompts,
-                token_counter=token_counter,
+                prompts,
                 on_result=directory.save,
                 on_record=directory.record,
             )

@@ -54,6 +54,28 @@ class Level:
     max_concurrency: int | None = None
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The endpoint a lossless check compares greedy outputs with (the same model served without
+    speculation), its model (default: the target's) and the concurrencies compared at."""
+
+    url: str
+    model: str | None = None
+    concurrency: tuple[int, ...] = (1, 4)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a run measures: the endpoint, its model (default: the first it serves), the key it
+    takes, how output tokens are counted when it sends no usage, and the reference to match."""
+
+    base_url: str
+    model: str | None = None
+    api_key: str | None = None
+    token_counter: Callable[[str], int] | None = None
+    reference: Reference | None = None
+
+
 class Progress:
     """One self-rewriting stderr line on a terminal; quarters only in a log."""
 
@@ -166,17 +188,15 @@ async def run_pass(
     model: str,
     prompts: list[Prompt],
     level: Level,
-    max_tokens: int,
-    num_requests: int | None,
-    duration_s: float | None,
+    settings: BenchSettings,
     seed: int,
     progress: Progress,
     outcome: PassOutcome | None = None,
     on_record: RecordSink | None = None,
-    objectives: dict[str, float] | None = None,
 ) -> tuple[RunResult, list[RequestRecord]]:
-    """One pass of a level: `num_requests` requests, or arrivals for `duration_s` seconds; its
-    result and its own records (goodput counted against `objectives`).
+    """One pass of a level: the settings' number of requests, or arrivals for its duration; its
+    result and its own records (goodput counted against the settings' objectives). `seed` draws
+    the arrivals (each pass of a level its own).
 
     Records land in `outcome` as they complete (so an interrupted pass keeps them; `outcome`
     may already hold earlier passes' records). A request that cannot connect makes the pass
@@ -186,6 +206,7 @@ async def run_pass(
     records = outcome.records
     kept = len(records)
     started = outcome.started = time.perf_counter()
+    duration_s, num_requests = settings.duration_s, settings.num_requests
     deadline = None if duration_s is None else started + duration_s
     issued = 0
 
@@ -202,7 +223,9 @@ async def run_pass(
         return prompt
 
     async def send(prompt: Prompt) -> None:
-        record = await endpoint.stream_chat(model, prompt.messages, prompt.max_tokens or max_tokens)
+        record = await endpoint.stream_chat(
+            model, prompt.messages, prompt.max_tokens or settings.max_tokens
+        )
         record.prompt_id = prompt.id
         records.append(record)
         if on_record is not None:
@@ -243,7 +266,7 @@ async def run_pass(
                 task.cancel()
     progress.close()
     mine = records[kept:]
-    return pass_result(mine, started, objectives), mine
+    return pass_result(mine, started, settings.goodput), mine
 
 
 def pass_result(
@@ -412,19 +435,9 @@ async def run_level(
         state.pass_kept = len(state.records)
         state.pass_started = time.perf_counter()
         run, _ = await run_pass(
-            endpoint,
-            model,
-            prompts,
-            level,
-            settings.max_tokens,
-            settings.num_requests,
-            settings.duration_s,
-            settings.seed + repeat,
-            progress,
-            outcome,
+            endpoint, model, prompts, level, settings, settings.seed + repeat, progress, outcome,
             on_record,
-            settings.goodput,
-        )
+        )  # fmt: skip
         if outcome.stop_reason is not None:
             state.runs.append(run)
             state.pass_kept = len(state.records)
@@ -551,16 +564,10 @@ def fixed_plan(levels: list[Level]) -> LevelPlan:
 
 
 async def run_bench(
-    base_url: str,
-    model: str | None,
+    target: Target,
     levels: list[Level] | LevelPlan,
     settings: BenchSettings,
-    reference_url: str | None = None,
-    reference_model: str | None = None,
-    lossless_concurrency: tuple[int, ...] = (1, 4),
-    api_key: str | None = None,
     prompts: list[Prompt] | None = None,
-    token_counter: Callable[[str], int] | None = None,
     on_result: ResultSink | None = None,
     on_record: Callable[[str, int, RequestRecord], None] | None = None,
 ) -> BenchResult:
@@ -569,14 +576,17 @@ async def run_bench(
     level that stops early (the server went away, every request failed) ends the run: the
     BenchStopped raised carries everything measured, as does an interrupt (`on_result` saw it)."""
     started_at = now_iso()
+    model = target.model
     endpoint = Endpoint(
-        base_url,
+        target.base_url,
         timeout_s=settings.request_timeout_s,
-        api_key=api_key,
-        token_counter=token_counter,
+        api_key=target.api_key,
+        token_counter=target.token_counter,
         metrics_urls=settings.metrics_urls,
     )
-    reference = Endpoint(reference_url, api_key=api_key) if reference_url else None
+    compared = target.reference
+    reference = Endpoint(compared.url, api_key=target.api_key) if compared else None
+    reference_model = compared.model if compared else None
     done: list[LevelResult] = []
     current: LevelProgress | None = None
     notes: list[str] = []
@@ -663,14 +673,14 @@ async def run_bench(
                 raise BenchStopped(stopped)
             publish("running")
         lossless = None
-        if reference is not None:
+        if reference is not None and compared is not None:
             lossless = await check_lossless(
                 endpoint,
                 reference,
                 model,
                 reference_model or model,
                 settings.max_tokens,
-                list(lossless_concurrency),
+                list(compared.concurrency),
             )
         final = snapshot_result("complete").model_copy(update={"lossless": lossless})
         if on_result is not None:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
 from dflash_ops.bench.core.run_directory import BenchInterrupted, run_into, save_json
-from dflash_ops.bench.core.runner import BenchStopped, Level
+from dflash_ops.bench.core.runner import BenchStopped, Level, Target
 from dflash_ops.bench.sweep.analysis import SweepAnalysis, analyse, recommended_values, table
 from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
 from dflash_ops.errors import UserError
@@ -76,8 +76,8 @@ def run_sweep(
             say(f"setting {number}/{len(todo)}: {setting.key}")
             base_url = deployer.apply(setting)
             try:
-                run_into(point_dir(out, setting), base_url, model, plan.levels, plan.bench,
-                         api_key=api_key, prompts=prompts)  # fmt: skip
+                target = Target(base_url, model, api_key)
+                run_into(point_dir(out, setting), target, plan.levels, plan.bench, prompts)
             except BenchStopped as stopped:
                 raise UserError(
                     f"{setting.key}: the benchmark stopped early ({stopped.result.stop_reason}); "

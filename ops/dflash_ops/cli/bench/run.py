@@ -90,6 +90,7 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
     from dflash_ops.bench.core import prompt_files, token_counter
     from dflash_ops.bench.core.client import check_base_url
     from dflash_ops.bench.core.run_directory import run_into
+    from dflash_ops.bench.core.runner import Reference, Target
 
     check_base_url(args.base_url)
     reference = getattr(args, "check_lossless", None)
@@ -102,19 +103,15 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
         print(f"dataset: {len(prompts)} prompts from {args.dataset_path}", file=sys.stderr)
     counter = token_counter.load(args.tokenizer) if args.tokenizer else None
     check_out(args.out)
-    return run_into(
-        args.out,
-        args.base_url,
-        args.model,
-        levels,
-        settings,
-        reference_url=reference,
-        reference_model=getattr(args, "reference_model", None),
-        lossless_concurrency=tuple(getattr(args, "lossless_concurrency", (1, 4))),
-        api_key=args.api_key,
-        prompts=prompts,
-        token_counter=counter,
-    )
+    compared = None
+    if reference:
+        compared = Reference(
+            reference,
+            getattr(args, "reference_model", None),
+            tuple(getattr(args, "lossless_concurrency", (1, 4))),
+        )
+    target = Target(args.base_url, args.model, args.api_key, counter, compared)
+    return run_into(args.out, target, levels, settings, prompts)
 
 
 def finish(args: argparse.Namespace, result: BenchResult, paths: list[Path]) -> None:
