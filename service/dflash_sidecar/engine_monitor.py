@@ -27,17 +27,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from dflash_sidecar import metrics_parser
+from dflash_sidecar import decisions, metrics_parser
 from dflash_sidecar.acceptance_window import (
-    AcceptanceFigures,
     AcceptanceWindow,
     Delta,
     SampleProblem,
     Snapshot,
-    acceptance_figures,
-    smaller_k_acceptance_lengths,
 )
-from dflash_sidecar.engine_state import EngineState, EngineStateTracker
+from dflash_sidecar.decisions import ProbeState
+from dflash_sidecar.engine_state import EngineStateTracker
 from dflash_sidecar.log_limiter import LogLimiter
 from dflash_sidecar.metrics_parser import ParsedExposition, SeriesKey
 from dflash_sidecar.models import (
@@ -49,7 +47,7 @@ from dflash_sidecar.models import (
     WindowStats,
 )
 from dflash_sidecar.settings import SidecarSettings
-from dflash_sidecar.verdict import Verdict, judge
+from dflash_sidecar.verdict import Verdict
 
 log = logging.getLogger("dflash_sidecar")
 
@@ -67,22 +65,6 @@ ERROR_KINDS = (
 
 class PageTooLarge(Exception):
     pass
-
-
-@dataclass
-class ProbeState:
-    health_ok: bool = False
-    health_detail: str = "no probe yet"
-    metrics_ok: bool = False
-    metrics_detail: str = "no /metrics read yet"  # why the last read failed
-    metrics_failing_since: float | None = None
-    last_probe_at: float | None = None
-    last_progress_at: float | None = None  # generation counter moved or canary succeeded
-    last_generation_tokens: float | None = None
-    requests_running: float | None = None  # None: unknown (the last /metrics read failed)
-    canary_due_at: float = 0.0
-    canary_failure: str | None = None
-    served_model: str | None = None
 
 
 @dataclass
@@ -378,143 +360,24 @@ class EngineMonitor:
         self.scrapes.errors[kind] += 1
         self.scrapes.last_error = message
 
-    # -- readiness, liveness and stats -------------------------------------------------------
+    # -- readiness, liveness and stats (the rules: dflash_sidecar.decisions) ----------------
     def _stale_after(self) -> float:
-        """Age beyond which a snapshot (or the last probe) no longer describes the engine."""
-        return 2 * self.settings.scrape_interval + self.settings.scrape_timeout
-
-    def _stalled(self, now: float) -> bool:
-        p = self.probe
-        return (
-            p.requests_running is not None
-            and p.requests_running > 0
-            and p.last_progress_at is not None
-            and now - p.last_progress_at > self.settings.stall_timeout
-        )
-
-    def _unproven_for(self, now: float) -> float | None:
-        """Seconds without proof of generation beyond stall_timeout (metrics unreadable and no
-        canary succeeding), else None."""
-        p = self.probe
-        if p.metrics_ok or p.last_progress_at is None:
-            return None
-        idle = now - p.last_progress_at
-        return idle if idle > self.settings.stall_timeout else None
+        return decisions.stale_after(self.settings)
 
     def _generating(self, now: float) -> bool:
-        p = self.probe
-        return (
-            p.last_progress_at is not None
-            and p.canary_failure is None
-            and not self._stalled(now)
-            and self._unproven_for(now) is None
-        )
+        return decisions.generating(self.probe, self.settings, now)
 
     def readiness(self, now: float | None = None) -> Readiness:
         now = time.monotonic() if now is None else now
-        p, s = self.probe, self.settings
-        fresh = p.last_probe_at is not None and now - p.last_probe_at <= self._stale_after()
-        state = self.engine.state
-        checks = {
-            "probe_fresh": fresh,
-            "health": p.health_ok,
-            "metrics": p.metrics_ok,
-            "generating": self._generating(now),
-        }
-        waited = self.engine.seconds_in_state(now)
-        unproven = self._unproven_for(now)
-        if p.last_probe_at is None:
-            reason = "no probe of the engine yet"
-        elif not fresh:
-            reason = f"last engine probe is {now - p.last_probe_at:.0f}s old (monitor stuck)"
-        elif state is EngineState.STARTING:
-            reason = (
-                f"engine loading: no answer from /health yet ({p.health_detail}); "
-                f"{now - self.engine.started_at:.0f}s of the {s.startup_budget:.0f}s "
-                "startup budget"
-            )
-        elif state is EngineState.START_TIMEOUT:
-            reason = (
-                f"engine did not come up within the {s.startup_budget:.0f}s startup budget: "
-                f"{p.health_detail}"
-            )
-        elif not p.health_ok:
-            reason = f"engine down for {waited:.0f}s: {p.health_detail}"
-        elif p.canary_failure is not None:
-            reason = f"engine answers /health but cannot generate: {p.canary_failure}"
-        elif self._stalled(now):
-            idle = now - (p.last_progress_at or now)
-            reason = f"{p.requests_running:.0f} requests running, no tokens for {idle:.0f}s"
-        elif unproven is not None:
-            reason = (
-                f"no proof of generation for {unproven:.0f}s: the engine's metrics are "
-                f"unreadable ({p.metrics_detail}) and no canary succeeded"
-            )
-        elif p.last_progress_at is None:
-            reason = "engine healthy, waiting for the first generated token"
-        else:
-            return Readiness(
-                ready=True, reason="engine healthy and generating", state=state, checks=checks
-            )
-        return Readiness(ready=False, reason=reason, state=state, checks=checks)
+        return decisions.readiness(self.probe, self.engine, self.settings, now)
 
     def liveness(self, now: float | None = None) -> EngineLiveness:
         """Whether the kubelet should restart the engine: only on a long, proven failure."""
         now = time.monotonic() if now is None else now
-        state, s = self.engine.state, self.settings
-        seconds = self.engine.seconds_in_state(now)
-        fresh = (
-            self.probe.last_probe_at is not None
-            and now - self.probe.last_probe_at <= self._stale_after()
-        )
-        if fresh and state is EngineState.DOWN and seconds >= s.engine_down_grace:
-            return EngineLiveness(
-                alive=False,
-                state=state,
-                reason=f"/health has failed for {seconds:.0f}s: {self.probe.health_detail}",
-            )
-        if fresh and state is EngineState.NOT_GENERATING and seconds >= s.not_generating_grace:
-            return EngineLiveness(
-                alive=False,
-                state=state,
-                reason=f"engine answers /health but has not generated for {seconds:.0f}s",
-            )
-        return EngineLiveness(alive=True, state=state, reason=f"{state.value} for {seconds:.0f}s")
+        return decisions.liveness(self.probe, self.engine, self.settings, now)
 
     def _window_stats(self, delta: Delta | None, seconds: float, why_none: str) -> WindowStats:
-        thresholds = self.settings.thresholds
-        k = self.settings.speculative_tokens
-        figures = acceptance_figures(delta, k) if delta is not None and delta.seconds > 0 else None
-        if delta is None or not isinstance(figures, AcceptanceFigures):
-            reason = figures if isinstance(figures, str) else why_none
-            return WindowStats(
-                window_seconds=seconds,
-                span_seconds=None,
-                drafts=0,
-                mean_acceptance_length=None,
-                draft_acceptance_rate=None,
-                per_position_acceptance=[],
-                output_tokens_per_s=None,
-                drafts_per_s=None,
-                verdict=Verdict.NO_DATA,
-                verdict_reason=reason,
-            )
-        drafts, mal = figures.drafts, figures.mean_acceptance_length
-        rate, per_pos = figures.draft_acceptance_rate, figures.per_position
-        verdict, reason = judge(drafts, mal, per_pos, thresholds)
-        return WindowStats(
-            window_seconds=seconds,
-            span_seconds=delta.seconds,
-            drafts=drafts,
-            mean_acceptance_length=mal,
-            draft_acceptance_rate=rate,
-            per_position_acceptance=per_pos,
-            smaller_k_acceptance_length=smaller_k_acceptance_lengths(per_pos),
-            output_tokens_per_s=delta.generation_tokens / delta.seconds,
-            drafts_per_s=drafts / delta.seconds,
-            verdict=verdict,
-            verdict_reason=reason,
-        )
+        return decisions.window_stats(delta, seconds, why_none, self.settings)
 
     def _why_no_window(self) -> str:
         if not self.probe.health_ok or not self.probe.metrics_ok:
