@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -52,8 +53,10 @@ def _vllm_table() -> dict[str, list[str]]:
     return {path: sorted(methods) for path, methods in sorted(seen.items())}
 
 
+@functools.cache
 def vllm_routes(python: Path) -> dict[str, list[str]]:
-    """vLLM's routes (path -> methods) as the vLLM of `python`'s environment registers them."""
+    """vLLM's routes (path -> methods) as the vLLM of `python`'s environment registers them
+    (read once per environment in a session: building vLLM's app takes seconds)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [str(python), "-m", "tests.e2e.route_tables"],

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_sidecar_help(installed: Path, tmp_path: Path) -> None:
 
 
 def test_local_up_names_what_it_needs_in_one_line(
-    installed: Path, tmp_path: Path, strangers_on_default_ports: list[int]
+    installed: Path, tmp_path: Path, strangers_on_default_ports: list[ThreadingHTTPServer]
 ) -> None:
     # On the default ports, where the session's strangers listen (tests/conftest.py): what the
     # machine lacks is named first, not a busy port.
