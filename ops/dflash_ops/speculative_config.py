@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from dflash_ops.speculative_schedule import Schedule
 from dflash_ops.vocabulary import SpeculativeMethod
 
 # The n-gram proposer's lookup window (prompt tokens matched to propose a continuation).
@@ -14,10 +15,16 @@ NGRAM_PROMPT_LOOKUP_MIN = 2
 
 
 def speculative_config(
-    method: SpeculativeMethod, k: int, draft_model: str | None = None
+    method: SpeculativeMethod,
+    k: int,
+    draft_model: str | None = None,
+    schedule: Schedule | None = None,
 ) -> dict[str, object] | None:
-    """The config for `method` at k speculative tokens, or None when speculation is off."""
+    """The config for `method` at k speculative tokens (with a k-by-batch-size `schedule`, k is
+    the largest it drafts), or None when speculation is off."""
     if method == "off" or k == 0:
+        if schedule is not None:
+            raise ValueError("a k schedule needs speculative decoding on")
         return None
     spec: dict[str, object] = {"method": method, "num_speculative_tokens": k}
     if method in ("dflash", "draft_model"):
@@ -29,12 +36,17 @@ def speculative_config(
         spec["prompt_lookup_min"] = NGRAM_PROMPT_LOOKUP_MIN
     elif method != "mtp":
         raise ValueError(f"unknown speculative method {method!r}")
+    if schedule is not None:
+        spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in schedule]
     return spec
 
 
 def speculative_config_args(
-    method: SpeculativeMethod, k: int, draft_model: str | None = None
+    method: SpeculativeMethod,
+    k: int,
+    draft_model: str | None = None,
+    schedule: Schedule | None = None,
 ) -> list[str]:
     """`--speculative-config JSON`, or nothing when speculation is off."""
-    spec = speculative_config(method, k, draft_model)
+    spec = speculative_config(method, k, draft_model, schedule)
     return [] if spec is None else ["--speculative-config", json.dumps(spec, separators=(",", ":"))]

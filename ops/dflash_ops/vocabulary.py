@@ -51,4 +51,6 @@ def speculating(methods: tuple[Word, ...]) -> tuple[Word, ...]:
 def chart_vocabulary() -> dict[str, object]:
     """What the chart's templates read (files/vocabulary.yaml; the largest k is in
     files/block-sizes.yaml, beside the block sizes it bounds)."""
-    return {"speculativeMethods": list(CHART_METHODS)}
+    from dflash_ops.speculative_schedule import OPEN_END
+
+    return {"speculativeMethods": list(CHART_METHODS), "scheduleOpenEnd": OPEN_END}

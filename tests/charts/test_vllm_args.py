@@ -25,6 +25,9 @@ VARIANTS = {
     "ngram": ["speculative.method=ngram", "speculative.numSpeculativeTokens=4"],
     "tp4": ["engine.tensorParallelSize=4"],
     "extra-args": ["model.extraArgs={--max-num-seqs=64}"],
+    # A k per batch size, as a user sets it (helm --set splits on commas: ';' between ranges).
+    "schedule": ["speculative.schedule=1-4:7;5-16:3;17-:0"],
+    "schedule-mtp": ["speculative.method=mtp", "speculative.schedule=1-2:3;3-:1"],
 }
 
 
@@ -65,6 +68,13 @@ def test_every_rendered_command_line_is_accepted_by_vllm_033(
             *good[spec_at + 1 :],
         ],
         "bad-engram": [*good, "--engram-config", '{"offload": true}'],
+        "bad-schedule": [
+            *good[:spec_at],
+            json.dumps(
+                {**json.loads(good[spec_at]), "num_speculative_tokens_per_batch_size": [[2, 4, 3]]}
+            ),
+            *good[spec_at + 1 :],
+        ],
         "bad-tool-parser": [*good, "--tool-call-parser", "qwen3-xml"],
     }
     cases += [{"name": name, "argv": argv} for name, argv in bad.items()]

@@ -5,7 +5,8 @@
 CASES.json: a list of {"name", "argv"} where argv follows `vllm serve`. For each, in order:
 vLLM's `serve` argument parser (unknown flags and bad values fail here), its pre-load checks
 (`validate_parsed_serve_args`), the reasoning and tool-call parser registries, then
-`AsyncEngineArgs.create_engine_config()`: a real VllmConfig, with the checkpoint replaced by the
+`AsyncEngineArgs.create_engine_config()`: a real VllmConfig (and a k schedule's lookup table, as
+the scheduler builds it at start-up), with the checkpoint replaced by the
 reference Qwen3.8-Flash-Next config and the DFlash2 draft by its config fixture (no weights, no
 hub), which runs the speculative, Engram (PLE offload), parallel and cache configs. Prints one
 JSON document (name -> "ok" or the error) on its last line.
@@ -69,6 +70,17 @@ def check(argv: list[str], target: str) -> str:
     engine_args = AsyncEngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config()
     assert config.engram_config is not None
+    spec_config = config.speculative_config
+    if spec_config is not None and spec_config.num_speculative_tokens_per_batch_size:
+        # What the scheduler builds at start-up (vllm/v1/core/sched/scheduler.py): a schedule
+        # the config takes can still fail here.
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        build_dynamic_sd_schedule_lookup(
+            spec_config.num_speculative_tokens_per_batch_size,
+            vllm_max_batch_size=config.scheduler_config.max_num_seqs,
+            vllm_num_speculative_tokens=spec_config.num_speculative_tokens,
+        )
     return "ok"
 
 

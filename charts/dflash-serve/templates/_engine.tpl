@@ -106,16 +106,87 @@ land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_size
 {{- end -}}
 {{- end -}}
 
+{{/* speculative.schedule as vLLM's num_speculative_tokens_per_batch_size (a JSON list), or
+nothing: the rules of dflash_ops.speculative_schedule, each refusal naming the value and the fix. */}}
+{{- define "dflash-serve.speculativeSchedule" -}}
+{{- $text := trim (toString (.Values.speculative.schedule | default "")) -}}
+{{- if $text -}}
+{{- $maxK := int .Values.speculative.numSpeculativeTokens -}}
+{{- $openEnd := int (.Files.Get "files/vocabulary.yaml" | fromYaml).scheduleOpenEnd -}}
+{{- $example := "1-4:7;5-16:3;17-:0" -}}
+{{- if eq .Values.speculative.method "off" -}}
+{{- fail (printf "speculative.schedule %q is set but speculative.method is off: set a method or drop the schedule" $text) -}}
+{{- end -}}
+{{- if gt (int (include "dflash-serve.dp" .)) 1 -}}
+{{- fail (printf "speculative.schedule %q with distributed.dataParallelSize %d: vLLM 0.33.0 turns a k schedule off with data parallelism; drop the schedule or use the tensor layout" $text (int (include "dflash-serve.dp" .))) -}}
+{{- end -}}
+{{- $entries := list -}}
+{{- if hasPrefix "[" $text -}}
+{{- range $e := fromJsonArray $text -}}
+{{- if kindIs "string" $e -}}
+{{- fail (printf "speculative.schedule %q is not a JSON list (%s): write [[1, 4, 7], [5, 16, 3]] or %s" $text $e $example) -}}
+{{- end -}}
+{{- $ok := and (kindIs "slice" $e) (eq (len $e) 3) -}}
+{{- if $ok -}}{{- range $v := $e -}}{{- if not (and (kindIs "float64" $v) (eq (float64 (int64 $v)) $v)) -}}{{- $ok = false -}}{{- end -}}{{- end -}}{{- end -}}
+{{- if not $ok -}}
+{{- fail (printf "speculative.schedule %q: entry %s is not [first, last, k] of whole numbers, e.g. [1, 4, 7] (or write %s)" $text (toJson $e) $example) -}}
+{{- end -}}
+{{- $entries = append $entries (list (int64 (index $e 0)) (int64 (index $e 1)) (int64 (index $e 2))) -}}
+{{- end -}}
+{{- else -}}
+{{- range $p := regexSplit "[,;\\s]+" $text -1 -}}
+{{- if not (regexMatch "^[0-9]+-[0-9]*:[0-9]+$" $p) -}}
+{{- fail (printf "speculative.schedule entry %q is not FIRST-LAST:K (LAST may be left open), e.g. %s" $p $example) -}}
+{{- end -}}
+{{- $kv := splitList ":" $p -}}
+{{- $bounds := splitList "-" (index $kv 0) -}}
+{{- $lastText := index $bounds 1 -}}
+{{- $end := $openEnd -}}
+{{- if $lastText -}}{{- $end = atoi $lastText -}}{{- end -}}
+{{- $entries = append $entries (list (int64 (atoi (index $bounds 0))) (int64 $end) (int64 (atoi (index $kv 1)))) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $entries -}}
+{{- fail (printf "speculative.schedule %q must be a non-empty list of ranges, e.g. %s" $text $example) -}}
+{{- end -}}
+{{- $previous := 0 -}}
+{{- range $e := $entries -}}
+{{- $first := int (index $e 0) -}}{{- $last := int (index $e 1) -}}{{- $k := int (index $e 2) -}}
+{{- if or (lt $first 1) (lt $last $first) -}}
+{{- fail (printf "speculative.schedule %q: range %d-%d is empty or not positive: give FIRST <= LAST, from 1" $text $first $last) -}}
+{{- end -}}
+{{- if or (lt $k 0) (gt $k $maxK) -}}
+{{- fail (printf "speculative.schedule %q: range %d-%d drafts %d: k must be 0 (plain decoding) to speculative.numSpeculativeTokens %d; raise numSpeculativeTokens or lower this k" $text $first $last $k $maxK) -}}
+{{- end -}}
+{{- if and $previous (le $first $previous) -}}
+{{- fail (printf "speculative.schedule %q: range %d-%d starts at or before the end of the range before it: give the ranges in ascending order, each batch size in one range" $text $first $last) -}}
+{{- end -}}
+{{- $previous = $last -}}
+{{- end -}}
+{{- $start := int (index (first $entries) 0) -}}
+{{- if ne $start 1 -}}
+{{- fail (printf "speculative.schedule %q starts at batch size %d: the first range starts at 1, so every batch size has a k" $text $start) -}}
+{{- end -}}
+{{- toJson $entries -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "dflash-serve.speculativeConfig" -}}
 {{- $method := .Values.speculative.method -}}
 {{- $k := int .Values.speculative.numSpeculativeTokens -}}
+{{- $spec := dict -}}
 {{- if eq $method "dflash" -}}
-{{- dict "method" "dflash" "model" .Values.speculative.draftModel "num_speculative_tokens" $k | toJson -}}
+{{- $spec = dict "method" "dflash" "model" .Values.speculative.draftModel "num_speculative_tokens" $k -}}
 {{- else if eq $method "mtp" -}}
-{{- dict "method" "mtp" "num_speculative_tokens" $k | toJson -}}
+{{- $spec = dict "method" "mtp" "num_speculative_tokens" $k -}}
 {{- else if eq $method "ngram" -}}
-{{- dict "method" "ngram" "num_speculative_tokens" $k "prompt_lookup_max" 4 "prompt_lookup_min" 2 | toJson -}}
+{{- $spec = dict "method" "ngram" "num_speculative_tokens" $k "prompt_lookup_max" 4 "prompt_lookup_min" 2 -}}
 {{- end -}}
+{{- $schedule := include "dflash-serve.speculativeSchedule" . -}}
+{{- if $schedule -}}
+{{- $_ := set $spec "num_speculative_tokens_per_batch_size" (fromJsonArray $schedule) -}}
+{{- end -}}
+{{- if $spec -}}{{- toJson $spec -}}{{- end -}}
 {{- end -}}
 
 {{/* Arguments of `vllm serve` (the model is its positional argument). */}}

@@ -6,6 +6,7 @@
 {{- if not (has $method $methods) -}}
 {{- fail (printf "speculative.method %q is unknown: use %s or %s" $method (initial $methods | join ", ") (last $methods)) -}}
 {{- end -}}
+{{- $_ := include "dflash-serve.speculativeSchedule" . -}}
 {{- if and (eq $method "dflash") (not .Values.speculative.draftModel) -}}
 {{- fail "speculative.method is dflash but speculative.draftModel is empty: set the DFlash2 draft (Hugging Face id or path on the model cache)" -}}
 {{- end -}}

@@ -51,6 +51,12 @@ def register(subparsers: Any) -> None:
         "--k", type=_k, default=4, help=f"num_speculative_tokens, 1 to {MAX_K} (default 4)"
     )
     up.add_argument(
+        "--schedule",
+        metavar="RANGES",
+        help="a k per running batch size, e.g. 1-2:4,3-:1 (k 4 for 1 to 2 running requests, 1 "
+        "above) or vLLM's JSON [[1,2,4],[3,64,1]]; --k stays the largest k",
+    )
+    up.add_argument(
         "--draft-noise",
         type=number(float, 0, 10),
         default=0.05,
@@ -161,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
                 prometheus_port=args.prometheus_port,
                 method=args.method,
                 num_speculative_tokens=args.k,
+                schedule=args.schedule,
                 draft_noise=args.draft_noise,
                 prometheus=not args.no_prometheus,
                 engine_timeout_s=args.engine_timeout,

@@ -42,6 +42,7 @@ from dflash_ops.local.supervisor import (
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
 from dflash_ops.paths import RULES_DIR
 from dflash_ops.speculative_config import speculative_config_args
+from dflash_ops.speculative_schedule import parse_schedule
 from dflash_ops.vocabulary import MAX_K, LocalMethod, StandingRouterPolicy
 
 SERVED_MODEL = "tiny"
@@ -76,6 +77,11 @@ class StackConfig(BaseModel):
     prometheus_port: int = Field(default=9090, ge=1, le=65535)
     method: LocalMethod = "draft_model"
     num_speculative_tokens: int = Field(default=4, ge=1, le=MAX_K)
+    schedule: str | None = Field(
+        default=None,
+        description="k per running batch size (speculative_schedule: 1-4:4,5-:1 or vLLM's "
+        "JSON); num_speculative_tokens stays the largest k",
+    )
     draft_noise: float = Field(default=0.05, ge=0.0, le=10.0)
     prometheus: bool = True
     engine_timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
@@ -114,6 +120,14 @@ class StackConfig(BaseModel):
     max_model_len: int = Field(
         default=2048, ge=256, le=8192, description="vLLM's --max-model-len (prompt + output)"
     )
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> StackConfig:
+        if self.schedule is not None:
+            if self.method == "off":
+                raise ValueError("a k schedule needs speculative decoding: --method is off")
+            parse_schedule(self.schedule, self.num_speculative_tokens)
+        return self
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> StackConfig:
@@ -255,7 +269,12 @@ def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
     # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
     # as a checkout named dflash-serve does.
     draft = f"./{config.draft_dir.name}" if config.method == "draft_model" else None
-    argv += speculative_config_args(config.method, config.num_speculative_tokens, draft)
+    schedule = (
+        None
+        if config.schedule is None
+        else parse_schedule(config.schedule, config.num_speculative_tokens)
+    )
+    argv += speculative_config_args(config.method, config.num_speculative_tokens, draft, schedule)
     return argv
 
 
