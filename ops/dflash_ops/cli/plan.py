@@ -49,6 +49,12 @@ def register(subparsers: Any) -> None:
         default="7",
         help=f"num_speculative_tokens: one value or a range like 4-8 (0..{MAX_K}; default 7)",
     )
+    parser.add_argument(
+        "--schedule",
+        metavar="RANGES",
+        help="a k per running batch size, e.g. 1-4:7,5-16:3,17-:0 (or vLLM's JSON list); goes "
+        "with one --k, its largest k, which the block size and KV cache are sized for",
+    )
     parser.add_argument("--draft-model", help="draft model for the printed vLLM arguments")
     parser.add_argument(
         "--prefix-match-unit",
@@ -182,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         draft=load_draft_profile(args.draft_config) if args.draft_config else None,
         engine=args.engine,
         prefix_match_unit=args.prefix_match_unit,
+        schedule=args.schedule,
         gpu_memory_gib=args.gpu_memory_gib,
         utilization=args.gpu_memory_utilization,
         weights_gib=weights,

@@ -11,6 +11,7 @@ import yaml
 from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.planner import DeploymentPlan
+from dflash_ops.speculative_schedule import short_form
 
 FORMATS = ("table", "json", "helm-values")
 
@@ -34,6 +35,8 @@ def render_helm_values(plan: DeploymentPlan) -> str:
         speculative["numSpeculativeTokens"] = only.k
     if plan.draft_model:
         speculative["draftModel"] = plan.draft_model
+    if plan.schedule is not None:
+        speculative["schedule"] = short_form(tuple(plan.schedule))
     values = {
         "gpu": {"type": plan.gpu},
         "engine": {
@@ -92,6 +95,12 @@ def render_table(plan: DeploymentPlan) -> str:
         )
     else:
         out.append("Prefix-cache hits land on whole blocks (no --prefix-match-unit).")
+    if plan.schedule is not None:
+        out += [
+            f"k schedule   {short_form(tuple(plan.schedule))} (running batch size: k); block size "
+            f"and KV cache are sized for k={first.k}, its largest. On Model Runner V1 (mtp, "
+            "ngram) vLLM then captures PIECEWISE CUDA graphs, not full ones; DFlash2 runs on V2.",
+        ]
     out += ["", *render_capacity(plan), "", "vLLM arguments:"]
     for k, args in plan.vllm_args.items():
         label = f"  k={k}: " if len(plan.vllm_args) > 1 else "  "

@@ -23,6 +23,7 @@ from dflash_ops.plan.kv_capacity import (
 from dflash_ops.plan.model import BlockSizeInputs, BlockSizePlan, KvCacheDtype
 from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION
 from dflash_ops.speculative_config import speculative_config_args
+from dflash_ops.speculative_schedule import Schedule, ScheduleError, parse_schedule
 from dflash_ops.vocabulary import MAX_K, ChartMethod
 
 EngineName = Literal["auto", "vllm", "closed-form"]
@@ -105,6 +106,8 @@ class DeploymentPlan(BaseModel):
     prefix_match_unit: int | None
     draft_model: str | None
     vllm_args: dict[int, list[str]]
+    # A k per running batch size (speculative_schedule); the plan's one k is its largest.
+    schedule: list[tuple[int, int, int]] | None = None
 
 
 # Prefix-cache hit granularity the plan and the chart default to: valid for every layout of
@@ -164,6 +167,7 @@ def vllm_args(
     method: ChartMethod,
     draft_model: str | None,
     prefix_match_unit: int | None = None,
+    schedule: Schedule | None = None,
 ) -> list[str]:
     args = [
         "--tensor-parallel-size",
@@ -180,7 +184,7 @@ def vllm_args(
         args += ["--kv-cache-dtype", plan.kv_cache_dtype]
     if method == "dflash":
         draft_model = draft_model or DEFAULT_DRAFT_MODEL
-    args += speculative_config_args(method, plan.k, draft_model)
+    args += speculative_config_args(method, plan.k, draft_model, schedule)
     # The PLE n-gram table in pinned host memory (vLLM 0.33.0's EngramConfig).
     args += ["--engram-config", '{"cpu_offload":true}']
     return args
@@ -280,6 +284,7 @@ def make_plan(
     draft: DraftProfile | None = None,
     engine: EngineName = "auto",
     prefix_match_unit: int | None = DEFAULT_PREFIX_MATCH_UNIT,
+    schedule: str | None = None,
     **capacity: Any,
 ) -> DeploymentPlan:
     """Block sizes for each k, then vLLM's KV-cache plan for each (`capacity` takes the
@@ -287,7 +292,20 @@ def make_plan(
     profile = gpu_profile(gpu)
     validate_tp(ckpt, tp)
     if method == "off":
+        if schedule is not None:
+            raise UserError("--schedule needs speculative decoding: --method is off")
         ks = [0]
+    ranges = None
+    if schedule is not None:
+        if len(ks) != 1:
+            raise UserError(
+                f"--schedule goes with one --k, the largest k it drafts (got {len(ks)} values: "
+                f"{', '.join(map(str, ks))})"
+            )
+        try:
+            ranges = parse_schedule(schedule, ks[0])
+        except ScheduleError as err:
+            raise UserError(f"--schedule: {err}") from None
     if method == "dflash" and draft is None:
         draft = default_dflash2_profile()
     engine_name, compute, capacity_of = select_engine(engine)
@@ -317,5 +335,8 @@ def make_plan(
         },
         prefix_match_unit=prefix_match_unit or None,
         draft_model=(draft_model or DEFAULT_DRAFT_MODEL) if method == "dflash" else None,
-        vllm_args={p.k: vllm_args(p, method, draft_model, prefix_match_unit) for p in plans},
+        vllm_args={
+            p.k: vllm_args(p, method, draft_model, prefix_match_unit, ranges) for p in plans
+        },
+        schedule=None if ranges is None else list(ranges),
     )

@@ -132,3 +132,45 @@ def test_draft_weights_reduce_the_kv_capacity() -> None:
     assert heavy.capacity[7].kv_budget_gib_per_rank == pytest.approx(
         light.capacity[7].kv_budget_gib_per_rank - 1.5, abs=0.01
     )
+
+
+def test_a_schedule_is_planned_for_its_largest_k_and_renders_as_the_chart_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from dflash_ops.chart.helm import engine_args_in_render, helm_template
+
+    args = ["--gpu", "a100", "--tp", "2", "--k", "7", "--engine", "closed-form"]
+    code, table, _ = run_cli(capsys, *args, "--schedule", "1-4:7;5-16:3;17-:0")
+    assert code == 0
+    assert "k schedule   1-4:7,5-16:3,17-:0" in table and "sized for k=7" in table
+    code, plain, _ = run_cli(capsys, *args)
+    assert code == 0  # the schedule changes neither the block size nor the KV capacity
+    assert table.split("k schedule")[0] == plain.split("KV cache per rank")[0].rstrip("\n") + "\n"
+    code, values, _ = run_cli(capsys, *args, "--schedule", "1-4:7,5-16:3,17-:0", "--format",
+                              "helm-values")  # fmt: skip
+    assert code == 0
+    (tmp_path / "values.yaml").write_text(values)
+    rendered = engine_args_in_render(helm_template([tmp_path / "values.yaml"], [], "r", "llm"))
+    spec = json.loads(rendered[rendered.index("--speculative-config") + 1])
+    code, out, _ = run_cli(capsys, *args, "--schedule", "1-4:7,5-16:3,17-:0", "--format", "json")
+    planned = json.loads(out)["vllm_args"]["7"]
+    assert json.loads(planned[planned.index("--speculative-config") + 1]) == spec
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 7], [5, 16, 3], [17, 65536, 0]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--k", "4-7", "--schedule", "1-4:3"], "--schedule goes with one --k"),
+        (["--k", "4", "--schedule", "1-4:7"], "range 1-4 drafts 7: k must be 0"),
+        (["--method", "off", "--schedule", "1-4:1"], "--schedule needs speculative decoding"),
+        (["--k", "4", "--schedule", "soon"], "entry 'soon' is not FIRST-LAST:K"),
+    ],
+)
+def test_a_schedule_that_cannot_run_is_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    code, out, err = run_cli(capsys, "--engine", "closed-form", *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert says in line, line
