@@ -18,7 +18,9 @@ Engines run one after another (two TP2 engines do not fit on one 2-GPU machine):
 7. capture overhead: the capture's own GPU work per decode step over the step time;
 8. the same engine without speculation: greedy outputs token-identical at concurrency 1 and 4;
 9. the MTP-3 baseline on the same prompts: the seed's comparison (DFlash2 4.08 / 224.9 tok/s
-   against MTP-3 2.98 / 180.1 at concurrency 1).
+   against MTP-3 2.98 / 180.1 at concurrency 1);
+10. DFlash2 with a k schedule (SCHEDULE: k 7 for 1 to 2 running requests, 3 above): the k in
+   effect (drafted tokens per draft) at concurrency 1 and 8 follows it.
 
 `--dry-run` prints the plan and every command without a GPU. Exit status 0 only if every check
 passes; a failed engine start, a timeout or a missing metric fails its check with the reason.
@@ -41,8 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.speculative_config import speculative_config_args
+from dflash_ops.speculative_schedule import parse_schedule
 
 EXPECTED_AUX_LAYERS = "(6, 16, 26, 36, 46)"
+SCHEDULE = "1-2:7,3-:3"
 SEED = {"dflash": (4.08, 224.9), "mtp": (2.98, 180.1)}  # mean acceptance length, tok/s (c=1)
 
 
@@ -344,12 +348,17 @@ def main() -> int:
     block = plan["recommended_block_size"]["7"]
     dflash = speculative_config_args("dflash", 7, args.draft)
     mtp = speculative_config_args("mtp", 3)
+    scheduled = speculative_config_args("dflash", 7, args.draft, parse_schedule(SCHEDULE, 7))
     if args.dry_run:
         print(
             f"plan: block size {block} at k=7 ({args.gpu}, TP2); per k: "
             f"{plan['recommended_block_size']}"
         )
-        for name, extra in (("dflash2", dflash), ("no speculation", []), ("mtp3", mtp)):
+        engines: tuple[tuple[str, list[str]], ...] = (
+            ("dflash2", dflash), ("no speculation", []), ("mtp3", mtp),
+            ("dflash2-schedule", scheduled),
+        )  # fmt: skip
+        for name, extra in engines:
             engine = Engine(args, name, extra)
             print(f"{name}: {shlex.join(engine.argv)}")
         print(
@@ -498,6 +507,15 @@ def main() -> int:
             f"({d_tps / m_tps:.2f}x)",
             "seed: 4.08 vs 2.98; 224.9 vs 180.1 (1.25x)",
             mal is not None and m_mal is not None and mal > m_mal and d_tps > m_tps,
+        )
+        with Engine(args, "dflash2-schedule", scheduled) as engine:
+            levels = bench(engine, args, "dflash2-schedule", "--concurrency", "1,8")["levels"]
+        k_at = [(level["spec_decode"] or {}).get("k_in_effect") for level in levels]
+        report.add(
+            f"k schedule {SCHEDULE}: k in effect at concurrency 1 / 8",
+            " / ".join(f"{k:.2f}" if k is not None else "none" for k in k_at),
+            "7 / 3 to 4 (below 3 running requests only as the level ends)",
+            None not in k_at and k_at[0] >= 6.9 and 3.0 <= k_at[1] <= 4.0,  # type: ignore[operator]
         )
     except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as err:
         report.add("run", f"stopped: {err}", "every step completes", False)

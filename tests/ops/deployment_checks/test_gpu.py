@@ -25,14 +25,18 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     )  # fmt: skip
     lines = done.stdout.splitlines()
     assert lines[0].startswith("plan: block size 1680 at k=7 (a100, TP2)")
-    engines = {line.split(":", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in lines[1:4]}
-    assert set(engines) == {"dflash2", "no speculation", "mtp3"}
+    engines = {line.split(":", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in lines[1:5]}
+    assert set(engines) == {"dflash2", "no speculation", "mtp3", "dflash2-schedule"}
     for argv in engines.values():
         assert argv[:3] == ["vllm", "serve", str(model)]
         assert "--block-size" not in argv  # the automatic size is what is proven
     spec = json.loads(engines["dflash2"][engines["dflash2"].index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "model": "d2", "num_speculative_tokens": 7}
     assert "--speculative-config" not in engines["no speculation"]
+    scheduled = engines["dflash2-schedule"]
+    spec = json.loads(scheduled[scheduled.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 7
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 7], [3, 65536, 3]]
 
 
 def test_sync_check_every_gpu_claim_has_a_check() -> None:
@@ -49,6 +53,7 @@ def test_sync_check_every_gpu_claim_has_a_check() -> None:
         "capture overhead per decode step",
         "lossless at concurrency",
         "DFlash2 vs MTP-3 at c=1",
+        "k schedule {SCHEDULE}: k in effect",
     ):
         assert f'"{claim}' in source, claim
 

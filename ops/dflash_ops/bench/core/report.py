@@ -192,6 +192,7 @@ def compare(runs: list[tuple[str, BenchResult]]) -> str:
         ("TPOT p50 ms", lambda lv: lv.tpot_ms.p50 if lv.tpot_ms else None),
         ("TPOT p99 ms", lambda lv: lv.tpot_ms.p99 if lv.tpot_ms else None),
         ("mean acceptance length", _mal),
+        ("k in effect", lambda lv: lv.spec_decode.k_in_effect if lv.spec_decode else None),
         (
             "draft acceptance rate",
             lambda lv: lv.spec_decode.draft_acceptance_rate if lv.spec_decode else None,

@@ -80,6 +80,11 @@ class SpecDecodeStats(BaseModel):
     mean_acceptance_length: float | None
     draft_acceptance_rate: float | None
     per_position_acceptance: list[float]
+    k_in_effect: float | None = Field(
+        default=None,
+        description="drafted tokens per draft: the k the engine drafted at on average (below "
+        "num_speculative_tokens where a k schedule lowered it for the running batch size)",
+    )
 
 
 class PrefixCacheStats(BaseModel):
