@@ -16,7 +16,7 @@ from dflash_sidecar.acceptance_window import (
 from dflash_sidecar.engine_state import EngineState, EngineStateTracker
 from dflash_sidecar.models import EngineLiveness, Readiness, WindowStats
 from dflash_sidecar.settings import SidecarSettings
-from dflash_sidecar.verdict import Verdict, judge
+from dflash_sidecar.verdict import Verdict, allowed_share, judge
 
 
 @dataclass
@@ -167,8 +167,15 @@ def window_stats(
             verdict_reason=figures if isinstance(figures, str) else why_none,
         )
     drafts, mal = figures.drafts, figures.mean_acceptance_length
+    k_in_effect = figures.draft_tokens / drafts if drafts > 0 else None
+    k_max = settings.speculative_tokens or delta.known_k
     per_pos = figures.per_position
-    verdict, reason = judge(drafts, mal, per_pos, settings.thresholds)
+    if allowed_share(k_in_effect, k_max) < 1.0:
+        # Positions past the k in effect were drafted in some drafts only: not measured.
+        per_pos = per_pos[:1]
+    verdict, reason = judge(
+        drafts, mal, per_pos, settings.thresholds, k_in_effect=k_in_effect, k_max=k_max
+    )
     return WindowStats(
         window_seconds=seconds,
         span_seconds=delta.seconds,
@@ -176,6 +183,7 @@ def window_stats(
         mean_acceptance_length=mal,
         draft_acceptance_rate=figures.draft_acceptance_rate,
         per_position_acceptance=per_pos,
+        k_in_effect=k_in_effect,
         smaller_k_acceptance_length=smaller_k_acceptance_lengths(per_pos),
         output_tokens_per_s=delta.generation_tokens / delta.seconds,
         drafts_per_s=drafts / delta.seconds,

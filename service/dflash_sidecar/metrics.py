@@ -175,6 +175,12 @@ class SidecarCollector(Collector):
             "Speculative drafts per second over the window.",
             labels=labels,
         )
+        k_in_effect = GaugeMetricFamily(
+            "dflash_k_in_effect",
+            "Drafted tokens per draft over the window: the k in effect (a k schedule lowers it "
+            "with the running batch size).",
+            labels=labels,
+        )
         verdict = GaugeMetricFamily(
             "dflash_acceptance_verdict",
             "1 for the current verdict on the acceptance curve "
@@ -199,6 +205,8 @@ class SidecarCollector(Collector):
                 tokens.add_metric(values, ws.output_tokens_per_s)
             if ws.drafts_per_s is not None:
                 drafts.add_metric(values, ws.drafts_per_s)
+            if ws.k_in_effect is not None:
+                k_in_effect.add_metric(values, ws.k_in_effect)
             for v in Verdict:
                 verdict.add_metric([*values, v.value], 1.0 if v == ws.verdict else 0.0)
             verdict_code.add_metric(values, VERDICT_CODES[ws.verdict])
@@ -214,7 +222,7 @@ class SidecarCollector(Collector):
             for window, ws in series.windows.items():
                 add(window, model, engine, ws)
             resets.add_metric([model, engine], series.counter_resets)
-        yield from (mal, rate, position, tokens, drafts, verdict, verdict_code, resets)
+        yield from (mal, rate, position, tokens, drafts, k_in_effect, verdict, verdict_code, resets)
 
 
 def build_registry(monitor: EngineMonitor) -> CollectorRegistry:

@@ -27,7 +27,15 @@ class WindowStats(BaseModel):
     drafts: float
     mean_acceptance_length: float | None
     draft_acceptance_rate: float | None
-    per_position_acceptance: list[float]
+    per_position_acceptance: list[float] = Field(
+        description="acceptance at each draft position; where a k schedule lowered k in the "
+        "window only position 0 (drafted at any k) is measured, the rest is left out"
+    )
+    k_in_effect: float | None = Field(
+        default=None,
+        description="drafted tokens per draft: the k in effect over the window (below "
+        "num_speculative_tokens where a k schedule lowered it)",
+    )
     smaller_k_acceptance_length: dict[int, float] = Field(
         default_factory=dict,
         description="the mean acceptance length each smaller k would give, predicted from the "

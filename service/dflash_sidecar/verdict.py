@@ -52,25 +52,48 @@ class VerdictThresholds(BaseModel):
         return self
 
 
+# Below this share of num_speculative_tokens drafted per draft, k was lowered in the window
+# (a static k drafts exactly k per draft; counter skew between scrapes is far smaller).
+LOWERED = 0.95
+
+
+def allowed_share(k_in_effect: float | None, k_max: int | None) -> float:
+    """How much of the largest k was in effect: 1 unless a k schedule lowered k in the window
+    (drafted tokens per draft clearly below num_speculative_tokens)."""
+    if k_in_effect is None or not k_max or k_in_effect >= LOWERED * k_max:
+        return 1.0
+    return max(k_in_effect, 0.0) / k_max
+
+
 def judge(
     drafts: float,
     mean_acceptance_length: float | None,
     per_position: list[float],
     thresholds: VerdictThresholds,
+    k_in_effect: float | None = None,
+    k_max: int | None = None,
 ) -> tuple[Verdict, str]:
-    """The verdict and a one-line reason."""
+    """The verdict and a one-line reason. Position 0 is drafted at any k > 0 and is judged as
+    it is; where a k schedule lowered k (`k_in_effect` below `k_max`), the mean acceptance
+    length is judged against what that k allows: each threshold's gain over 1 scaled by the
+    share of the largest k in effect."""
     if drafts < thresholds.min_drafts or mean_acceptance_length is None:
         return Verdict.NO_DATA, f"{drafts:.0f} drafts in the window (< {thresholds.min_drafts})"
+    share = allowed_share(k_in_effect, k_max)
+    collapsed_mal = 1 + (thresholds.collapsed_mean_acceptance_length - 1) * share
+    degraded_mal = 1 + (thresholds.degraded_mean_acceptance_length - 1) * share
     # Without per-position lines (a partial page) the verdict rests on the mean alone.
     position0 = per_position[0] if per_position else None
     summary = f"mean acceptance length {mean_acceptance_length:.2f}, " + (
         f"position 0 {position0:.2f}" if position0 is not None else "no per-position figures"
     )
-    if mean_acceptance_length < thresholds.collapsed_mean_acceptance_length or (
+    if share < 1.0:
+        summary += f" (k {k_in_effect:.2f} in effect of {k_max}: thresholds scaled by {share:.2f})"
+    if mean_acceptance_length < collapsed_mal or (
         position0 is not None and position0 < thresholds.collapsed_position0
     ):
         return Verdict.COLLAPSED, f"{summary}: the draft is almost never accepted"
-    if mean_acceptance_length < thresholds.degraded_mean_acceptance_length or (
+    if mean_acceptance_length < degraded_mal or (
         position0 is not None and position0 < thresholds.degraded_position0
     ):
         return Verdict.DEGRADED, f"{summary}: below the degraded thresholds"

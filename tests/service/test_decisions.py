@@ -176,3 +176,49 @@ def test_window_figures_and_verdict(increase: Delta | None, verdict: Verdict, re
         assert stats.output_tokens_per_s == pytest.approx(increase.generation_tokens / 30)
     else:
         assert stats.mean_acceptance_length is None and stats.per_position_acceptance == []
+
+
+def scheduled(drafts: float, draft_tokens: float, accepted_per_pos: tuple[float, ...]) -> Delta:
+    """A window under a k schedule: fewer tokens drafted per draft than the largest k."""
+    accepted = sum(accepted_per_pos)
+    return Delta(
+        seconds=30.0, drafts=drafts, draft_tokens=draft_tokens, accepted=accepted,
+        accepted_per_pos=accepted_per_pos, generation_tokens=drafts + accepted,
+        pos_drafts=drafts, pos_seconds=30.0, known_k=4,
+    )  # fmt: skip
+
+
+K4 = SidecarSettings.model_validate({"speculative_tokens": 4})
+
+
+def test_a_schedule_that_lowered_k_is_judged_by_what_that_k_allows() -> None:
+    """The window measured with the schedule [[1,1,4],[2,64,1]] at concurrency 6 (issue 55):
+    1.06 tokens per draft, per position 0.61 / 0.007 / 0.003 / 0, mean acceptance length 1.62.
+    Judged as if k were 4 it is 'degraded'; the k in effect allows it: healthy, and the
+    positions the schedule hardly drafted are not reported as measured zeros."""
+    window = scheduled(1000, 1060, (610, 7, 3, 0))
+    stats = decisions.window_stats(window, 60.0, "why none", K4)
+    assert stats.k_in_effect == pytest.approx(1.06)
+    assert stats.mean_acceptance_length == pytest.approx(1.62)
+    assert stats.verdict is Verdict.HEALTHY, stats.verdict_reason
+    assert "k 1.06 in effect of 4" in stats.verdict_reason
+    assert stats.per_position_acceptance == pytest.approx([0.61])
+    assert stats.smaller_k_acceptance_length == {}
+    # The same figures at a static k of 4 are what they are: degraded.
+    static = decisions.window_stats(delta(1000, (610, 7, 3, 0)), 60.0, "why none", K4)
+    assert static.k_in_effect == 4 and static.verdict is Verdict.DEGRADED
+    assert len(static.per_position_acceptance) == 4
+
+
+def test_a_draft_never_accepted_under_a_schedule_still_collapses() -> None:
+    never = decisions.window_stats(scheduled(1000, 1060, (3, 0, 0, 0)), 60.0, "why", K4)
+    assert never.verdict is Verdict.COLLAPSED, never.verdict_reason
+    weak = decisions.window_stats(scheduled(1000, 1060, (300, 0, 0, 0)), 60.0, "why", K4)
+    assert weak.verdict is Verdict.DEGRADED, weak.verdict_reason  # position 0 below 0.4
+
+
+def test_without_the_configured_k_the_widest_per_position_page_stands_for_it() -> None:
+    unset = SidecarSettings.model_validate({})
+    assert unset.speculative_tokens is None
+    stats = decisions.window_stats(scheduled(1000, 1060, (610, 7, 3, 0)), 60.0, "why", unset)
+    assert stats.verdict is Verdict.HEALTHY and stats.per_position_acceptance == [0.61]
