@@ -279,6 +279,22 @@ def speculative_decoding() -> dict[str, Any]:
         width=6,
     )
     b.panel(
+        "k in effect vs running requests",
+        "Draft tokens per draft (the k the engine drafts at) beside the requests running: with "
+        "a k schedule (speculative.schedule) k falls as the batch grows; with one k it stays "
+        "at speculative.numSpeculativeTokens. The sidecar judges acceptance by this k.",
+        "none",
+        [
+            (
+                f"{rate(sample_name(DRAFT_TOKENS), 'pod')} "
+                f"/ ({rate(sample_name(DRAFTS), 'pod')} > 0)",
+                "k {{pod}}",
+            ),
+            (f"sum by (pod) ({REQUESTS_RUNNING}{{{SEL}}})", "running {{pod}}"),
+        ],
+        defaults={"min": 0},
+    )
+    b.panel(
         "Sidecar verdict (5m)",
         "The sidecar's verdict on the 5-minute acceptance curve: 0 healthy, 1 degraded, "
         "2 collapsed, -1 no data. Thresholds are sidecar settings.",
