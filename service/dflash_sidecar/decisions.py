@@ -16,7 +16,7 @@ from dflash_sidecar.acceptance_window import (
 from dflash_sidecar.engine_state import EngineState, EngineStateTracker
 from dflash_sidecar.models import EngineLiveness, Readiness, WindowStats
 from dflash_sidecar.settings import SidecarSettings
-from dflash_sidecar.verdict import Verdict, allowed_share, judge
+from dflash_sidecar.verdict import Verdict, judge, k_lowered
 
 
 @dataclass
@@ -170,7 +170,7 @@ def window_stats(
     k_in_effect = figures.draft_tokens / drafts if drafts > 0 else None
     k_max = settings.speculative_tokens or delta.known_k
     per_pos = figures.per_position
-    if allowed_share(k_in_effect, k_max) < 1.0:
+    if k_lowered(k_in_effect, k_max):
         # Positions past the k in effect were drafted in some drafts only: not measured.
         per_pos = per_pos[:1]
     verdict, reason = judge(

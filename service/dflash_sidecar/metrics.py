@@ -81,6 +81,15 @@ class SidecarCollector(Collector):
         for name, value in monitor.settings.thresholds.model_dump().items():
             thresholds.add_metric([name], float(value))
         yield thresholds
+        if monitor.settings.speculative_tokens is not None:
+            k = GaugeMetricFamily(
+                "dflash_speculative_tokens",
+                "num_speculative_tokens of the engine (the sidecar's speculative_tokens): the "
+                "largest k; under a k schedule the collapse alert scales its threshold by the "
+                "share of it in effect.",
+            )
+            k.add_metric([], float(monitor.settings.speculative_tokens))
+            yield k
         started = GaugeMetricFamily(
             "dflash_sidecar_start_time_seconds", "Unix time the sidecar started watching."
         )

@@ -58,11 +58,17 @@ LOWERED = 0.95
 
 
 def allowed_share(k_in_effect: float | None, k_max: int | None) -> float:
-    """How much of the largest k was in effect: 1 unless a k schedule lowered k in the window
-    (drafted tokens per draft clearly below num_speculative_tokens)."""
-    if k_in_effect is None or not k_max or k_in_effect >= LOWERED * k_max:
+    """How much of the largest k was in effect (at most 1; 1 when either is unknown). The
+    collapse alert scales its threshold by the same share (dflash:spec_decode_k_in_effect)."""
+    if k_in_effect is None or not k_max:
         return 1.0
-    return max(k_in_effect, 0.0) / k_max
+    return min(1.0, max(k_in_effect, 0.0) / k_max)
+
+
+def k_lowered(k_in_effect: float | None, k_max: int | None) -> bool:
+    """A k schedule lowered k in the window: drafted tokens per draft clearly below the largest
+    k (a static k drafts exactly k per draft; counter skew between scrapes is far smaller)."""
+    return allowed_share(k_in_effect, k_max) < LOWERED
 
 
 def judge(
@@ -87,7 +93,7 @@ def judge(
     summary = f"mean acceptance length {mean_acceptance_length:.2f}, " + (
         f"position 0 {position0:.2f}" if position0 is not None else "no per-position figures"
     )
-    if share < 1.0:
+    if k_lowered(k_in_effect, k_max):
         summary += f" (k {k_in_effect:.2f} in effect of {k_max}: thresholds scaled by {share:.2f})"
     if mean_acceptance_length < collapsed_mal or (
         position0 is not None and position0 < thresholds.collapsed_position0
