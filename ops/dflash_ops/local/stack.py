@@ -551,6 +551,13 @@ def _components(config: StackConfig) -> list[Component]:
                 sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", vllm_urls[i],
                 "--host", "127.0.0.1", "--port", str(config.sidecar_port_of(i)),
                 "--log-level", "warning",
+                # The largest k, as the chart gives it: the verdict and the collapse alert
+                # judge a k schedule's lowered k against it.
+                *(
+                    ["--speculative-tokens", str(config.num_speculative_tokens)]
+                    if config.method != "off"
+                    else []
+                ),
             ],
             f"http://127.0.0.1:{config.sidecar_port_of(i)}",
             config.sidecar_port_of(i),
