@@ -381,3 +381,54 @@ def test_prompt_files_goodput_records_compare_and_search_on_the_engine(
     summary = json.loads((tmp_path / "search" / "search.json").read_text())
     assert summary["best"] == 2 and summary["bounded_by_high"]
     assert [p["load"] for p in summary["probes"]] == [1, 2]
+
+
+def test_a_k_schedule_is_followed_and_judged_by_the_k_in_effect(
+    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A real CPU engine with `--schedule 1-1:4,2-:1` (k 4 alone, 1 once two requests run):
+    the k in effect the sidecar measures follows the running batch, and the sidecar's verdict
+    is healthy at both loads (judged as if k were 4, the second load reads as degraded)."""
+    state_dir = tmp_path_factory.mktemp("schedule")
+    state = start_engine_only(
+        state_dir, models_dir, schedule="1-1:4,2-:1", draft_noise=0.0, enforce_eager=True
+    )
+    engine_url = url_of(state, "engine")
+
+    async def window(concurrency: int, requests: int) -> Any:
+        monitor = EngineMonitor(
+            SidecarSettings(engine_url=engine_url, scrape_timeout=3.0, speculative_tokens=4),
+            started_at=0.0,
+        )
+        endpoint = Endpoint(engine_url)
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> None:
+            async with limit:
+                record = await endpoint.stream_chat(
+                    "tiny", [{"role": "user", "content": f"Count from {i}:"}], 32
+                )
+                assert record.ok, record.error
+
+        try:
+            await monitor.run_once(0.0)
+            await asyncio.gather(*(one(i) for i in range(requests)))
+            await monitor.run_once(30.0)
+            return monitor.stats(30.0).windows["1m"]
+        finally:
+            await monitor.aclose()
+            await endpoint.aclose()
+
+    try:
+        alone = asyncio.run(window(1, 6))
+        busy = asyncio.run(window(6, 18))
+    finally:
+        stack.down(state_dir, quiet=True)
+    # Alone: k 4, less a token or two where a request's last draft would pass max_tokens
+    # (measured 3.93); the sidecar does not read that as a lowered k.
+    assert alone.k_in_effect is not None and alone.k_in_effect > 3.8, alone
+    assert len(alone.per_position_acceptance) == 4
+    assert busy.k_in_effect is not None and busy.k_in_effect < 2.0, busy
+    assert alone.verdict.value == "healthy", alone.verdict_reason
+    assert busy.verdict.value == "healthy", busy.verdict_reason
+    assert "in effect of 4" in busy.verdict_reason and len(busy.per_position_acceptance) == 1
