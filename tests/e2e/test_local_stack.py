@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from dflash_ops.bench.core.client import Endpoint
 from dflash_ops.local import stack, supervisor
 from dflash_ops.loopback import free_port
+from dflash_ops.paths import RULES_DIR
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.settings import SidecarSettings
 
@@ -383,17 +386,25 @@ def test_prompt_files_goodput_records_compare_and_search_on_the_engine(
     assert [p["load"] for p in summary["probes"]] == [1, 2]
 
 
-def test_a_k_schedule_is_followed_and_judged_by_the_k_in_effect(
-    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """A real CPU engine with `--schedule 1-1:4,2-:1` (k 4 alone, 1 once two requests run):
-    the k in effect the sidecar measures follows the running batch, and the sidecar's verdict
-    is healthy at both loads (judged as if k were 4, the second load reads as degraded)."""
-    state_dir = tmp_path_factory.mktemp("schedule")
-    state = start_engine_only(
-        state_dir, models_dir, schedule="1-1:4,2-:1", draft_noise=0.0, enforce_eager=True
+SCHEDULE = "1-1:4,2-:1"  # k 4 alone, 1 once two requests run
+
+
+def scheduled_engine(
+    models_dir: Path, state_dir: Path, draft_noise: float
+) -> tuple[stack.StackState, Callable[[int, int], Any]]:
+    """A real CPU engine under SCHEDULE with its sidecar and the stack's Prometheus (the rules
+    file loaded), and a load: (concurrency, requests) -> the sidecar's figures over it."""
+    (state_dir / "models").symlink_to(models_dir)
+    state = stack.up(
+        stack_config(state_dir, schedule=SCHEDULE, draft_noise=draft_noise, enforce_eager=True)
     )
     engine_url = url_of(state, "engine")
+    # Prometheus must hold a sample from before the load: a rate needs the counters' increase.
+    eventually(
+        lambda: prometheus_query(state, "vllm:spec_decode_num_drafts_total"),
+        120,
+        "Prometheus scraping the engine",
+    )
 
     async def window(concurrency: int, requests: int) -> Any:
         monitor = EngineMonitor(
@@ -419,9 +430,44 @@ def test_a_k_schedule_is_followed_and_judged_by_the_k_in_effect(
             await monitor.aclose()
             await endpoint.aclose()
 
+    return state, lambda concurrency, requests: asyncio.run(window(concurrency, requests))
+
+
+def prometheus_query(state: stack.StackState, expr: str) -> list[dict[str, Any]]:
+    url = url_of(state, "prometheus") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return json.load(reply)["data"]["result"]  # type: ignore[no-any-return]
+
+
+def collapse_alert_once_evaluated(state: stack.StackState) -> list[dict[str, Any]]:
+    """The collapse alert's expression (the rules file's, as the local Prometheus runs it) once
+    the recording rules have seen the load's k in effect."""
+    rules = yaml.safe_load((RULES_DIR / "dflash-serve.rules.yaml").read_text())
+    expr = next(
+        r["expr"] for g in rules["groups"] for r in g["rules"]
+        if r.get("alert") == "DFlashAcceptanceCollapse"
+    )  # fmt: skip
+    eventually(
+        lambda: prometheus_query(state, "dflash:spec_decode_k_in_effect:rate5m"),
+        180,
+        "the recording rules over the load",
+    )
+    return prometheus_query(state, expr)
+
+
+def test_a_k_schedule_is_followed_and_judged_by_the_k_in_effect(
+    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A real CPU engine under SCHEDULE: the k in effect the sidecar measures follows the
+    running batch, the sidecar's verdict is healthy at both loads (judged as if k were 4, the
+    second load reads as degraded), and the chart's collapse alert, run by a real Prometheus
+    over the engine's and sidecar's metrics, does not fire."""
+    state_dir = tmp_path_factory.mktemp("schedule")
+    state, load = scheduled_engine(models_dir, state_dir, draft_noise=0.0)
     try:
-        alone = asyncio.run(window(1, 6))
-        busy = asyncio.run(window(6, 18))
+        alone = load(1, 6)
+        busy = load(6, 18)
+        alert = collapse_alert_once_evaluated(state)
     finally:
         stack.down(state_dir, quiet=True)
     # Alone: k 4, less a token or two where a request's last draft would pass max_tokens
@@ -432,3 +478,21 @@ def test_a_k_schedule_is_followed_and_judged_by_the_k_in_effect(
     assert alone.verdict.value == "healthy", alone.verdict_reason
     assert busy.verdict.value == "healthy", busy.verdict_reason
     assert "in effect of 4" in busy.verdict_reason and len(busy.per_position_acceptance) == 1
+    assert alert == [], alert
+
+
+def test_a_draft_never_accepted_under_a_k_schedule_pages(
+    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The same schedule with a draft that is noise: the sidecar says collapsed at load and the
+    collapse alert's expression selects the engine (it pages once it has held for its `for`)."""
+    state_dir = tmp_path_factory.mktemp("schedule-never")
+    state, load = scheduled_engine(models_dir, state_dir, draft_noise=10.0)
+    try:
+        busy = load(6, 18)
+        alert = collapse_alert_once_evaluated(state)
+    finally:
+        stack.down(state_dir, quiet=True)
+    assert busy.k_in_effect is not None and busy.k_in_effect < 2.0, busy
+    assert busy.verdict.value == "collapsed", busy.verdict_reason
+    assert [a["metric"]["pod"] for a in alert] == ["local-0"], alert
