@@ -253,6 +253,7 @@ class AcceptanceFigures:
     mean_acceptance_length: float | None
     draft_acceptance_rate: float | None
     per_position: list[float]
+    k_in_effect: float | None  # drafted tokens per draft (a k schedule lowers it)
 
 
 def acceptance_figures(delta: Delta, k: int | None = None) -> AcceptanceFigures | str:
@@ -268,6 +269,7 @@ def acceptance_figures(delta: Delta, k: int | None = None) -> AcceptanceFigures 
         mean_acceptance_length=mal,
         draft_acceptance_rate=rate,
         per_position=delta.per_position(),
+        k_in_effect=delta.draft_tokens / delta.drafts if delta.drafts > 0 else None,
     )
 
 

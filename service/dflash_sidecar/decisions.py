@@ -167,7 +167,7 @@ def window_stats(
             verdict_reason=figures if isinstance(figures, str) else why_none,
         )
     drafts, mal = figures.drafts, figures.mean_acceptance_length
-    k_in_effect = figures.draft_tokens / drafts if drafts > 0 else None
+    k_in_effect = figures.k_in_effect
     k_max = settings.speculative_tokens or delta.known_k
     per_pos = figures.per_position
     if k_lowered(k_in_effect, k_max):

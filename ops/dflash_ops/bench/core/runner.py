@@ -170,7 +170,7 @@ def spec_stats(delta: Delta | None) -> SpecDecodeStats | str | None:
         mean_acceptance_length=figures.mean_acceptance_length,
         draft_acceptance_rate=figures.draft_acceptance_rate,
         per_position_acceptance=figures.per_position,
-        k_in_effect=figures.draft_tokens / figures.drafts if figures.drafts > 0 else None,
+        k_in_effect=figures.k_in_effect,
     )
 
 
