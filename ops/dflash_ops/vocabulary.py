@@ -23,6 +23,12 @@ SPECULATIVE_METHODS: tuple[SpeculativeMethod, ...] = get_args(SpeculativeMethod)
 CHART_METHODS: tuple[ChartMethod, ...] = get_args(ChartMethod)
 LOCAL_METHODS: tuple[LocalMethod, ...] = get_args(LocalMethod)
 
+# The local stack's model pairs, built on the fly: tiny (float32, starts fastest; its draft is
+# the target plus noise, as costly as the target) and paying (a ~180M bfloat16 target with a
+# draft of its first layers: speculation pays at low load on a CPU, as it does on a GPU).
+LocalModels = Literal["tiny", "paying"]
+LOCAL_MODELS: tuple[LocalModels, ...] = get_args(LocalModels)
+
 # The largest num_speculative_tokens planned, rendered and served: a DFlash2 block of 16.
 MAX_K = 15
 

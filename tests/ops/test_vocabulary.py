@@ -18,6 +18,7 @@ from dflash_ops.paths import CHART_DIR, REPO_ROOT
 from dflash_ops.vocabulary import (
     CHART_METHODS,
     LOCAL_METHODS,
+    LOCAL_MODELS,
     MAX_K,
     ROUTER_POLICIES,
     SPECULATIVE_METHODS,
@@ -79,8 +80,11 @@ def accepted(argv: list[str]) -> bool:
         (["local", "up", "--router-policy"], STANDING_ROUTER_POLICIES, ROUTER_POLICIES),
         (["bench", "sweep", "--method"], SPECULATIVE_METHODS, SPECULATIVE_METHODS),
         (["bench", "router-policies", "--policies"], ROUTER_POLICIES, ROUTER_POLICIES),
+        (["local", "up", "--models"], LOCAL_MODELS, LOCAL_MODELS),
+        (["bench", "sweep", "--models"], LOCAL_MODELS, LOCAL_MODELS),
     ],
-    ids=["plan", "local-method", "local-router", "sweep", "router-policies"],
+    ids=["plan", "local-method", "local-router", "sweep", "router-policies", "local-models",
+         "sweep-models"],  # fmt: skip
 )
 def test_each_cli_choice_is_its_vocabulary(
     argv: list[str], words: tuple[str, ...], everything: tuple[str, ...]

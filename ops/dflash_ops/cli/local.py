@@ -10,7 +10,7 @@ from typing import Any
 
 from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
-from dflash_ops.vocabulary import LOCAL_METHODS, MAX_K, STANDING_ROUTER_POLICIES
+from dflash_ops.vocabulary import LOCAL_METHODS, LOCAL_MODELS, MAX_K, STANDING_ROUTER_POLICIES
 
 
 def _k(text: str) -> int:
@@ -57,10 +57,18 @@ def register(subparsers: Any) -> None:
         "above) or vLLM's JSON [[1,2,4],[3,64,1]]; --k stays the largest k",
     )
     up.add_argument(
+        "--models",
+        choices=LOCAL_MODELS,
+        default="tiny",
+        help="the model pair, served under its name: tiny (starts fastest; its draft is the "
+        "target plus noise, as costly as the target, so speculation never pays here) or "
+        "paying (a ~180M bfloat16 target and a draft of its first 2 layers: speculation pays "
+        "at low load, as on a GPU; start it with --enforce-eager) (tiny)",
+    )
+    up.add_argument(
         "--draft-noise",
         type=number(float, 0, 10),
-        default=0.05,
-        help="draft = target + noise x each weight's std (0: identical; default 0.05)",
+        help="tiny pair: draft = target + noise x each weight's std (0: identical; default 0.05)",
     )
     up.add_argument(
         "--engine-port",
@@ -158,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
         if api_key is None and args.auth:
             api_key = os.environ.get("VLLM_API_KEY") or None
         auth = args.auth or args.api_key is not None
+        if args.models != "tiny" and args.draft_noise is not None:
+            raise UserError(
+                f"local up: --draft-noise shapes the tiny pair's draft; the {args.models} pair's "
+                "draft is the target's first layers: drop --draft-noise"
+            )
 
         try:
             config = stack.StackConfig(
@@ -166,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
                 sidecar_port=args.sidecar_port,
                 prometheus_port=args.prometheus_port,
                 method=args.method,
+                models=args.models,
                 num_speculative_tokens=args.k,
                 schedule=args.schedule,
-                draft_noise=args.draft_noise,
+                draft_noise=0.05 if args.draft_noise is None else args.draft_noise,
                 prometheus=not args.no_prometheus,
                 engine_timeout_s=args.engine_timeout,
                 host=args.host,

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
 from dflash_ops.errors import UserError
+from dflash_ops.local.paying_model import PayingPairSpec, build_pair
 from dflash_ops.local.router import PROCESS_TITLE, router_argv
 from dflash_ops.local.supervisor import (
     ProcessRecord,
@@ -43,9 +44,12 @@ from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
 from dflash_ops.paths import RULES_DIR
 from dflash_ops.speculative_config import speculative_config_args
 from dflash_ops.speculative_schedule import parse_schedule
-from dflash_ops.vocabulary import MAX_K, LocalMethod, StandingRouterPolicy
+from dflash_ops.vocabulary import MAX_K, LocalMethod, LocalModels, StandingRouterPolicy
 
-SERVED_MODEL = "tiny"
+# The served model name of the default pair (each pair is served under its own name).
+SERVED_MODEL: LocalModels = "tiny"
+# vLLM's --dtype per pair: the paying pair is bfloat16, as the measurement behind it was.
+MODEL_DTYPES: dict[LocalModels, str] = {"tiny": "float32", "paying": "bfloat16"}
 # The URL path that answers 200 once each kind of component is ready (the router: once one of
 # its engines is healthy).
 READY_PATHS = {
@@ -76,6 +80,12 @@ class StackConfig(BaseModel):
     sidecar_port: int = Field(default=9100, ge=1, le=65535)
     prometheus_port: int = Field(default=9090, ge=1, le=65535)
     method: LocalMethod = "draft_model"
+    models: LocalModels = Field(
+        default="tiny",
+        description="the model pair (tiny: target + noisy draft of the same size; paying: a "
+        "~180M target and a draft of its first 2 layers, where speculation pays); served "
+        "under this name",
+    )
     num_speculative_tokens: int = Field(default=4, ge=1, le=MAX_K)
     schedule: str | None = Field(
         default=None,
@@ -159,11 +169,17 @@ class StackConfig(BaseModel):
 
     @property
     def target_dir(self) -> Path:
-        return self.models_dir / "target"
+        return self.models_dir / ("target" if self.models == "tiny" else "paying-target")
 
     @property
     def draft_dir(self) -> Path:
+        if self.models == "paying":
+            return self.models_dir / "paying-draft"
         return self.models_dir / f"draft-noise{self.draft_noise:g}"
+
+    @property
+    def served_model(self) -> str:
+        return self.models
 
     @property
     def routed(self) -> bool:
@@ -225,6 +241,14 @@ def _save_state(state: StackState) -> None:
 
 
 def ensure_models(config: StackConfig) -> None:
+    if config.models == "paying":
+        if not (config.draft_dir / "model.safetensors").is_file():
+            say(
+                f"building the paying pair in {config.models_dir} (a ~180M bfloat16 target and "
+                "a draft of its first 2 layers; about 15 s)"
+            )
+            build_pair(config.target_dir, config.draft_dir, PayingPairSpec())
+        return
     if not (config.target_dir / "model.safetensors").is_file():
         say(f"building the tiny target model in {config.target_dir} (tokenizer + random weights)")
         build_target(config.target_dir, TinyModelSpec())
@@ -241,13 +265,13 @@ def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
         "--model",
         str(config.target_dir.resolve()),
         "--served-model-name",
-        SERVED_MODEL,
+        config.served_model,
         "--host",
         "127.0.0.1" if config.auth else config.host,  # behind the door: loopback only
         "--port",
         str(config.vllm_port_of(0) if port is None else port),
         "--dtype",
-        "float32",
+        MODEL_DTYPES[config.models],
         "--max-model-len",
         str(config.max_model_len),
         "--seed",
@@ -345,7 +369,7 @@ def _check_shared_memory(needed: int = ENGINE_SHM_BYTES, shm: Path = Path("/dev/
         )
 
 
-def _engine_ready(record: ProcessRecord) -> bool:
+def _engine_ready(record: ProcessRecord, served_model: str) -> bool:
     """Our engine answers: /health 200 and /v1/models lists our model (not a stranger's)."""
     if not http_ok(record.url + READY_PATHS["engine"]):
         return False
@@ -354,13 +378,13 @@ def _engine_ready(record: ProcessRecord) -> bool:
             served = [m.get("id") for m in json.load(reply).get("data", [])]
     except (urllib.error.URLError, OSError, ValueError, AttributeError):
         return False
-    return SERVED_MODEL in served
+    return served_model in served
 
 
-def _ready(record: ProcessRecord) -> bool:
+def _ready(record: ProcessRecord, served_model: str) -> bool:
     """The component answers its readiness path (an engine: and serves our model)."""
     if kind_of(record.name) == "engine":
-        return _engine_ready(record)
+        return _engine_ready(record, served_model)
     return http_ok(record.url + READY_PATHS[kind_of(record.name)])
 
 
@@ -698,7 +722,10 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
             state.processes.append(record)
             _save_state(state)
             wait_ready(
-                record, partial(_ready, record), component.timeout_s, f"{component.name} starting"
+                record,
+                partial(_ready, record, config.served_model),
+                component.timeout_s,
+                f"{component.name} starting",
             )
         _save_state(state)
     except BaseException:

@@ -72,19 +72,15 @@ def train_tokenizer(directory: Path, vocab_size: int) -> Any:
     return fast
 
 
-def build_target(directory: Path, spec: TinyModelSpec) -> None:
-    """Tokenizer plus a randomly initialized Qwen3 causal LM in `directory`."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def qwen3_config(spec: TinyModelSpec, tokenizer: Any, layers: int, dtype: str) -> Any:
+    """A Qwen3 causal-LM config of `spec`'s shape with `layers` layers, for `tokenizer`."""
+    from transformers import Qwen3Config
 
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(directory, spec.vocab_size)
-    torch.manual_seed(spec.seed)
-    config = Qwen3Config(
+    return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
+        num_hidden_layers=layers,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
@@ -93,8 +89,19 @@ def build_target(directory: Path, spec: TinyModelSpec) -> None:
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         bos_token_id=None,
         tie_word_embeddings=False,
-        dtype="float32",
+        dtype=dtype,
     )
+
+
+def build_target(directory: Path, spec: TinyModelSpec) -> None:
+    """Tokenizer plus a randomly initialized Qwen3 causal LM in `directory`."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(directory, spec.vocab_size)
+    torch.manual_seed(spec.seed)
+    config = qwen3_config(spec, tokenizer, spec.num_hidden_layers, "float32")
     model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
     # Random init gives near-uniform logits; widen them so greedy text is not one token repeated.
     with torch.no_grad():

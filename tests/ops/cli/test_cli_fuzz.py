@@ -145,6 +145,14 @@ CASES = {
     "local-timeout-nan": (["local", "up", "--engine-timeout", "nan"], "--engine-timeout"),
     "local-timeout-0": (["local", "up", "--engine-timeout", "0"], "--engine-timeout"),
     "local-noise-inf": (["local", "up", "--draft-noise", "inf"], "--draft-noise"),
+    "local-models": (["local", "up", "--models", "huge"], "--models"),
+    "local-noise-paying": (
+        ["local", "up", "--models", "paying", "--draft-noise", "0.1"], "--draft-noise"
+    ),
+    "sweep-models-helm": (
+        ["bench", "sweep", "--deployer", "helm", "--models", "paying", "--release", "r",
+         "--base-url", "http://127.0.0.1:1"], "--models",
+    ),
     # patches
     "patches-schema": ([*PATCHES, "--series-dir", "{series}"], "manifest"),
     "patches-binary": ([*PATCHES, "--series-dir", "{binary-series}"], "manifest"),

@@ -339,3 +339,22 @@ def test_ports_asked_for_twice_are_named(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **overrides)
+
+
+def test_each_pair_has_its_own_models_served_name_and_dtype(tmp_path: Path) -> None:
+    import json
+
+    tiny = stack.StackConfig(state_dir=tmp_path)
+    paying = stack.StackConfig(state_dir=tmp_path, models="paying", num_speculative_tokens=3)
+    assert len({tiny.target_dir, tiny.draft_dir, paying.target_dir, paying.draft_dir}) == 4
+    for config, name, dtype in ((tiny, "tiny", "float32"), (paying, "paying", "bfloat16")):
+        argv = stack.engine_argv(config)
+        assert argv[argv.index("--served-model-name") + 1] == name
+        assert argv[argv.index("--dtype") + 1] == dtype
+        assert argv[argv.index("--model") + 1] == str(config.target_dir.resolve())
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert (config.models_dir / spec["model"]).resolve() == config.draft_dir.resolve()
+    # The paying draft is the target's first layers, whatever the tiny pair's noise.
+    assert stack.StackConfig(state_dir=tmp_path, models="paying", draft_noise=1).draft_dir == (
+        paying.draft_dir
+    )

@@ -23,7 +23,13 @@ from typing import Protocol
 import yaml
 
 from dflash_ops.errors import UserError
-from dflash_ops.vocabulary import CHART_METHODS, LOCAL_METHODS, SpeculativeMethod, speculating
+from dflash_ops.vocabulary import (
+    CHART_METHODS,
+    LOCAL_METHODS,
+    LocalModels,
+    SpeculativeMethod,
+    speculating,
+)
 
 # The methods each deployer sweeps besides off: what the local stack and the chart serve.
 LOCAL_SWEEP_METHODS: tuple[SpeculativeMethod, ...] = speculating(LOCAL_METHODS)
@@ -91,12 +97,14 @@ class LocalDeployer:
         sidecar_port: int,
         enforce_eager: bool = False,
         engine_timeout_s: float = 600.0,
+        models: LocalModels = "tiny",
     ) -> None:
         from dflash_ops.local import stack
 
         self.state_dir = state_dir
         self.engine_port, self.sidecar_port = engine_port, sidecar_port
         self.enforce_eager, self.engine_timeout_s = enforce_eager, engine_timeout_s
+        self.models = models
         running = stack.load_state(state_dir)
         if running is not None and not (state_dir / SWEEP_MARKER).is_file():
             raise UserError(
@@ -118,6 +126,7 @@ class LocalDeployer:
             engine_port=self.engine_port,
             sidecar_port=self.sidecar_port,
             method=method,  # type: ignore[arg-type]
+            models=self.models,
             num_speculative_tokens=max(1, setting.k),
             prometheus=False,
             engine_timeout_s=self.engine_timeout_s,

@@ -20,6 +20,7 @@ from dflash_ops.bench.core.runner import BenchStopped, Level, Target
 from dflash_ops.bench.sweep.analysis import SweepAnalysis, analyse, recommended_values, table
 from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
 from dflash_ops.errors import UserError
+from dflash_ops.vocabulary import LocalModels
 
 
 class SweepPlan(BaseModel):
@@ -27,6 +28,7 @@ class SweepPlan(BaseModel):
     levels: list[Level]
     bench: BenchSettings
     deployer: str
+    models: LocalModels | None = None  # the local deployer's model pair
 
 
 class SweepState(BaseModel):

@@ -18,7 +18,7 @@ from dflash_ops.cli.bench.flags import (
     needs_bench_extra,
 )
 from dflash_ops.errors import UserError
-from dflash_ops.vocabulary import MAX_K, SPECULATIVE_METHODS
+from dflash_ops.vocabulary import LOCAL_MODELS, MAX_K, SPECULATIVE_METHODS
 
 method_list = choice_list(SPECULATIVE_METHODS, "methods", "dflash,mtp")
 
@@ -76,6 +76,13 @@ def register(actions: Any) -> None:
         type=Path,
         default=Path(".sweep-stack"),
         help="the sweep's own local stack state (.sweep-stack); never a running user stack",
+    )
+    local.add_argument(
+        "--models",
+        choices=LOCAL_MODELS,
+        default="tiny",
+        help="the local stack's model pair (see `local up --help`): paying is where "
+        "speculation pays at low load on a CPU (tiny)",
     )
     local.add_argument("--engine-port", type=number(int, 1, 65535), help="(default: a free port)")
     local.add_argument("--sidecar-port", type=number(int, 1, 65535), help="(default: a free port)")
@@ -146,7 +153,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     run_settings = bench_settings(args)
     prompts = prompt_files.load(args.dataset_name, args.dataset_path) if args.dataset_path else None
     check_out(args.out)
-    plan = SweepPlan(settings=settings, levels=levels, bench=run_settings, deployer=args.deployer)
+    plan = SweepPlan(
+        settings=settings,
+        levels=levels,
+        bench=run_settings,
+        deployer=args.deployer,
+        models=args.models if args.deployer == "local" else None,
+    )
     deployer = _deployer(args)
     keys = ", ".join(s.key for s in settings)
     print(f"==> sweep: {len(settings)} settings ({keys}) x {len(levels)} levels", file=sys.stderr)
@@ -175,9 +188,13 @@ def _deployer(args: argparse.Namespace) -> Any:
             args.sidecar_port or free_port(),
             enforce_eager=args.enforce_eager,
             engine_timeout_s=args.engine_timeout,
+            models=args.models,
         )
     from dflash_ops.chart.helm import helm_binary
     from dflash_ops.paths import CHART_DIR
+
+    if args.models != "tiny":
+        raise UserError("--models picks the local stack's pair: it is for --deployer local")
 
     if not args.release or not args.base_url:
         raise UserError("--deployer helm needs --release and --base-url (where it serves)")
