@@ -57,12 +57,11 @@ generate: setup ## regenerate every committed generated file (dashboards, chart 
 generate-check: setup ## fail if a committed generated file is stale
 	@$(PY) -m dflash_ops.generate --check
 
-demo: ## the main job: local stack (tiny model, vLLM CPU engine, sidecar, Prometheus) + benchmark
+demo: ## the main job: the paying pair with and without speculation (vLLM CPU engines, sidecar, Prometheus), benchmarked side by side
 	@bash ops/setup/setup.sh demo
-	@$(VENV)/bin/dflash-serve local up
-	@$(VENV)/bin/dflash-serve bench --base-url http://127.0.0.1:8000 --concurrency 1,4 --out bench-out
-	@echo "==> plot: bench-out/acceptance.png; table: bench-out/results.md"
-	@echo "==> the stack keeps running: sidecar http://127.0.0.1:9100/stats, Prometheus http://127.0.0.1:9090; stop it with: make demo-down"
+	@bash ops/setup/demo.sh
+	@echo "==> side by side: bench-out/compare.md; each run: bench-out/off/, bench-out/draft_model-k*/ (results.md, acceptance.png)"
+	@echo "==> the speculative stack keeps running: sidecar http://127.0.0.1:9100/stats, Prometheus http://127.0.0.1:9090; stop it with: make demo-down"
 
 demo-down: ## stop the local stack
 	@$(VENV)/bin/dflash-serve local down
