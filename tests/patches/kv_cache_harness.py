@@ -174,19 +174,20 @@ class ShadowWorker:
                         else self.slots[g].get((block.block_id, p % manager.block_size))
                     )
                     if held != self.signatures.at(rid, tokens, p):
-                        what = (
-                            "the null block"
-                            if block.is_null
-                            else "never-written KV"
-                            if held is None
-                            else "another prefix's KV"
-                        )
+                        what = held_kv(block.is_null, held)
                         raise InvariantViolation(
                             f"step {step}: {rid} (positions {start}..{end - 1} scheduled) reads "
                             f"position {p} of group {g} ({type(manager).__name__}) from block "
                             f"{block.block_id}, which holds {what} (last write: "
                             f"{self.writers[g].get((block.block_id, p % manager.block_size))})"
                         )
+
+
+def held_kv(null_block: bool, held: bytes | None) -> str:
+    """What a slot that does not hold the reader's own prefix holds instead."""
+    if null_block:
+        return "the null block"
+    return "never-written KV" if held is None else "another prefix's KV"
 
 
 def check_books(scheduler: Any, step: int) -> None:
@@ -222,8 +223,15 @@ def check_books(scheduler: Any, step: int) -> None:
                 )
 
 
-def build(geometry: Geometry) -> tuple[Any, Any, int, int]:
-    """vLLM's Scheduler over the geometry's KV layout, with a real VllmConfig."""
+def build(
+    geometry: Geometry,
+    *,
+    scheduler_class: Any = None,
+    speculative_config: Any = None,
+    lookahead_tokens: int | None = None,
+) -> tuple[Any, Any, int, int]:
+    """vLLM's Scheduler over the geometry's KV layout, with a real VllmConfig (the pipeline
+    harness: the AsyncScheduler with async scheduling and a speculative config)."""
     logging.disable(logging.WARNING)
     import torch
     from dflash_ops.plan import vllm_engine
@@ -259,7 +267,8 @@ def build(geometry: Geometry) -> tuple[Any, Any, int, int]:
     sched.max_num_batched_tokens = g.max_batched
     sched.max_num_scheduled_tokens = g.max_batched
     sched.max_num_seqs = g.max_seqs
-    sched.async_scheduling = False
+    sched.async_scheduling = scheduler_class is not None
+    config.speculative_config = speculative_config
     config.model_config.max_model_len = 4096
     dtype = torch.bfloat16
     groups = [
@@ -293,13 +302,15 @@ def build(geometry: Geometry) -> tuple[Any, Any, int, int]:
     kv_config = KVCacheConfig(num_blocks=g.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     with set_current_vllm_config(config):
         block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
-        scheduler = Scheduler(
+        scheduler = (scheduler_class or Scheduler)(
             vllm_config=config,
             kv_cache_config=kv_config,
             structured_output_manager=StructuredOutputManager(config),
             block_size=block_size,
             hash_block_size=hash_block_size,
         )
+    if lookahead_tokens is not None:
+        scheduler.num_lookahead_tokens = lookahead_tokens
     hash_fn = get_hash_fn_by_name(cache.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     return (
@@ -325,6 +336,41 @@ def _next_prompt(
     return family[: rng.randrange(0, len(family) + 1)] + suffix
 
 
+def prompt_families(rng: random.Random, workload: Workload) -> list[list[int]]:
+    return [
+        [rng.randrange(100, 60000) for _ in range(rng.randrange(*workload.family_len))]
+        for _ in range(workload.families)
+    ]
+
+
+def new_request(
+    request_id: str, prompt: list[int], rng: random.Random, workload: Workload, hasher: Any
+) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    return Request(
+        request_id,
+        prompt,
+        SamplingParams(max_tokens=rng.randrange(*workload.max_tokens)),
+        None,
+        block_hasher=hasher,
+    )
+
+
+def attention_groups(scheduler: Any, same_step_guard: bool) -> tuple[list[Any], list[int]]:
+    """The scheduler's single-type managers and which of them are attention (not Mamba); with
+    the same-step guard switched off when asked."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    pool = scheduler.kv_cache_manager.block_pool
+    if not same_step_guard and hasattr(pool, "blocks_cached_this_step"):
+        pool.blocks_cached_this_step = _NeverCachedThisStep()
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    attention = [i for i, m in enumerate(managers) if not isinstance(m.kv_cache_spec, MambaSpec)]
+    return managers, attention
+
+
 class _NeverCachedThisStep(set[int]):
     """Stands in for BlockPool.blocks_cached_this_step with the same-step guard switched off."""
 
@@ -339,19 +385,13 @@ def run(
     *,
     same_step_guard: bool = True,
 ) -> Report:
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.kv_cache_interface import MambaSpec
     from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.request import RequestStatus
 
     geometry = geometry or Geometry()
     workload = workload or Workload()
     scheduler, hasher, block_size, hash_block_size = build(geometry)
-    pool = scheduler.kv_cache_manager.block_pool
-    if not same_step_guard and hasattr(pool, "blocks_cached_this_step"):
-        pool.blocks_cached_this_step = _NeverCachedThisStep()
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    attention = [i for i, m in enumerate(managers) if not isinstance(m.kv_cache_spec, MambaSpec)]
+    managers, attention = attention_groups(scheduler, same_step_guard)
     worker = ShadowWorker(managers, attention)
     report = Report(
         seed=seed,
@@ -361,10 +401,7 @@ def run(
         scheduler_block_size=block_size,
     )
     rng = random.Random(seed)
-    families = [
-        [rng.randrange(100, 60000) for _ in range(rng.randrange(*workload.family_len))]
-        for _ in range(workload.families)
-    ]
+    families = prompt_families(rng, workload)
     sent: list[list[int]] = []
     step = 0
     try:
@@ -375,13 +412,7 @@ def run(
                     prompt = _next_prompt(rng, families, sent, workload)
                     sent.append(prompt)
                     scheduler.add_request(
-                        Request(
-                            f"r{report.requests}",
-                            prompt,
-                            SamplingParams(max_tokens=rng.randrange(*workload.max_tokens)),
-                            None,
-                            block_hasher=hasher,
-                        )
+                        new_request(f"r{report.requests}", prompt, rng, workload, hasher)
                     )
                     report.requests += 1
                 if scheduler.requests and rng.random() < workload.abort_rate:

@@ -477,6 +477,11 @@ def main(argv: list[str] | None = None) -> None:
     kv.add_argument("geometry")
     kv.add_argument("--seeds", type=int, nargs="+", required=True)
     kv.add_argument("--no-guard", action="store_true")
+    pipeline = sub.add_parser("kv-pipeline")
+    pipeline.add_argument("geometry")
+    pipeline.add_argument("--seeds", type=int, nargs="+", required=True)
+    pipeline.add_argument("--no-guard", action="store_true")
+    pipeline.add_argument("--planted")
     cases = sub.add_parser("kv-cases")
     cases.add_argument("names", nargs="+")
     grid = sub.add_parser("block-size-grid")
@@ -509,6 +514,14 @@ def main(argv: list[str] | None = None) -> None:
         result = {
             "reports": kv_cache_harness.sweep(
                 args.geometry, args.seeds, same_step_guard=not args.no_guard
+            )
+        }
+    elif args.probe == "kv-pipeline":
+        from tests.patches import kv_cache_pipeline
+
+        result = {
+            "reports": kv_cache_pipeline.sweep(
+                args.geometry, args.seeds, same_step_guard=not args.no_guard, planted=args.planted
             )
         }
     elif args.probe == "kv-cases":
