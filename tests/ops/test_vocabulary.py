@@ -83,8 +83,15 @@ def accepted(argv: list[str]) -> bool:
         (["local", "up", "--models"], LOCAL_MODELS, LOCAL_MODELS),
         (["bench", "sweep", "--models"], LOCAL_MODELS, LOCAL_MODELS),
     ],
-    ids=["plan", "local-method", "local-router", "sweep", "router-policies", "local-models",
-         "sweep-models"],  # fmt: skip
+    ids=[
+        "plan",
+        "local-method",
+        "local-router",
+        "sweep",
+        "router-policies",
+        "local-models",
+        "sweep-models",
+    ],
 )
 def test_each_cli_choice_is_its_vocabulary(
     argv: list[str], words: tuple[str, ...], everything: tuple[str, ...]
