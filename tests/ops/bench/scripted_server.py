@@ -13,6 +13,8 @@
                 30 draft tokens, 15 accepted each
 /queue/...      each request takes 50 ms per request in flight when it arrives (a server whose
                 latency grows with load)
+/batch/...      each request is held 400 ms; /metrics reports the requests in flight as
+                vllm:num_requests_running (an engine's running batch)
 
 `--die-after N`: the process exits (as a crashed server) when its Nth chat request arrives.
 """
@@ -47,6 +49,7 @@ def scripted() -> web.Application:
     drafts = {"count": 0}
     restarting = {"served": 0, "since_start": 0}
     queue = {"in_flight": 0}
+    batch = {"in_flight": 0}
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -140,16 +143,31 @@ def scripted() -> web.Application:
         finally:
             queue["in_flight"] -= 1
 
+    async def batch_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        batch["in_flight"] += 1
+        try:
+            await asyncio.sleep(0.4)
+            return await stream_tokens(request, int(body.get("max_tokens", 4)))
+        finally:
+            batch["in_flight"] -= 1
+
+    async def batch_metrics(request: web.Request) -> web.Response:
+        labels = 'engine="0",model_name="fake"'
+        return web.Response(text=f"vllm:num_requests_running{{{labels}}} {batch['in_flight']}\n")
+
     for prefix, chat in (
         ("/hang", hang_chat),
         ("/no-usage", no_usage_chat),
         ("/restarting", restarting_chat),
         ("/queue", queue_chat),
+        ("/batch", batch_chat),
     ):
         app.router.add_get(f"{prefix}/v1/models", models)
         app.router.add_get(f"{prefix}/health", health)
         app.router.add_post(f"{prefix}/v1/chat/completions", chat)
     app.router.add_get("/restarting/metrics", restarting_metrics)
+    app.router.add_get("/batch/metrics", batch_metrics)
     return app
 
 

@@ -317,3 +317,31 @@ def test_identical_greedy_curves_are_drawn_once(instant_server: str) -> None:
     assert other.levels[1].spec_decode is not None
     other.levels[1].spec_decode.per_position_acceptance = [0.5, 0.3, 0.1]
     assert [label for label, _ in report.curve_groups(other)] == ["concurrency 1", "concurrency 2"]
+
+
+def test_each_level_samples_the_engines_running_batch(scripted_server: str) -> None:
+    """/batch holds each request 400 ms and reports the requests in flight as
+    vllm:num_requests_running: the level's running batch is the concurrency it keeps."""
+    result = asyncio.run(
+        run_bench(
+            Target(f"{scripted_server}/batch", "fake"),
+            [Level(concurrency=1), Level(concurrency=4)],
+            settings(num_requests=None, duration_s=2.5, repeats=1, warmup=0),
+        )
+    )
+    alone, four = (level.running_batch for level in result.levels)
+    assert alone is not None and four is not None
+    assert alone.max == 1 and alone.samples >= 2
+    assert four.max == 4 and four.p50 >= 3 and four.samples >= 2
+    # Written with the results (what the sweep reads back).
+    again = BenchResult.model_validate_json(result.model_dump_json())
+    assert again.levels[1].running_batch == four
+
+
+def test_no_running_batch_without_the_gauge() -> None:
+    from dflash_ops.bench.core.runner import running_requests_of
+
+    assert running_requests_of({"a": None, "b": "vllm:generation_tokens_total 3\n"}) is None
+    two = 'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+    three = 'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+    assert running_requests_of({"a": two, "b": three}) == 5  # replicas behind a router

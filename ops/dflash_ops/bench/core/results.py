@@ -73,6 +73,31 @@ class Percentiles(BaseModel):
         )
 
 
+class RunningBatch(BaseModel):
+    """The engine's running batch during a level: vllm:num_requests_running (summed over the
+    engines counted) sampled about once a second while requests were in flight. What a k
+    schedule keys on (running requests), as opposed to the client's nominal concurrency."""
+
+    mean: float
+    p50: float
+    p90: float
+    max: float
+    samples: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> RunningBatch | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return cls(
+            mean=statistics.fmean(ordered),
+            p50=percentile(ordered, 0.5),
+            p90=percentile(ordered, 0.9),
+            max=ordered[-1],
+            samples=len(ordered),
+        )
+
+
 class SpecDecodeStats(BaseModel):
     drafts: float
     draft_tokens: float
@@ -138,6 +163,11 @@ class LevelResult(BaseModel):
         description="from /metrics deltas over every run of the level; null when none exported"
     )
     prefix_cache: PrefixCacheStats | None = None
+    running_batch: RunningBatch | None = Field(
+        default=None,
+        description="the engine's running requests during the level; null when /metrics had no "
+        "vllm:num_requests_running or the level was too short to sample",
+    )
     replica_share: dict[str, float] | None = Field(
         default=None,
         description="each --metrics-url engine's share of the requests it finished "

@@ -10,6 +10,7 @@ pass with its spread, latencies over every request of the level.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import math
 import random
@@ -28,6 +29,7 @@ from dflash_sidecar.acceptance_window import (
 )
 from dflash_sidecar.acceptance_window import Snapshot as CounterSnapshot
 from dflash_sidecar.metrics_parser import SeriesKey
+from dflash_sidecar.vllm_metrics import REQUESTS_RUNNING
 
 from dflash_ops.bench.core import slo
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
@@ -39,6 +41,7 @@ from dflash_ops.bench.core.results import (
     LosslessCheck,
     Percentiles,
     PrefixCacheStats,
+    RunningBatch,
     RunResult,
     RunStatus,
     SpecDecodeStats,
@@ -318,6 +321,7 @@ class LevelProgress:
     partial: str | None = None
     pass_kept: int = 0  # records before the pass in progress
     pass_started: float = 0.0
+    running_samples: list[float] = field(default_factory=list)
 
     def result(self) -> LevelResult | None:
         """None while nothing was measured."""
@@ -379,6 +383,7 @@ class LevelProgress:
             e2e_ms=Percentiles.of_seconds([r.latency_s for r in ok]),
             spec_decode=level_spec if isinstance(level_spec, SpecDecodeStats) else None,
             prefix_cache=prefix,
+            running_batch=RunningBatch.of(self.running_samples),
             replica_share=share,
             errors=[r.error for r in self.records if r.error][:5],
             failures=failures,
@@ -414,6 +419,31 @@ async def snapshot(endpoint: Endpoint) -> Snapshot:
     return snapshot_of(await endpoint.metrics_pages(), time.monotonic())
 
 
+def running_requests_of(pages: dict[str, str | None]) -> float | None:
+    """vllm:num_requests_running summed over the engines' pages; None if none exports it."""
+    found = None
+    for text in pages.values():
+        if text and REQUESTS_RUNNING in text:
+            series = metrics_parser.parse(text).series.values()
+            found = (found or 0.0) + sum(sample.requests_running for sample in series)
+    return found
+
+
+# How often the running batch is sampled during a pass, and when first (requests admitted).
+RUNNING_SAMPLE_INTERVAL_S = 1.0
+RUNNING_FIRST_SAMPLE_S = 0.5
+
+
+async def sample_running(endpoint: Endpoint, into: list[float]) -> None:
+    """Append the running batch to `into` about once a second until cancelled."""
+    await asyncio.sleep(RUNNING_FIRST_SAMPLE_S)
+    while True:
+        running = running_requests_of(await endpoint.metrics_pages())
+        if running is not None:
+            into.append(running)
+        await asyncio.sleep(RUNNING_SAMPLE_INTERVAL_S)
+
+
 async def run_level(
     endpoint: Endpoint,
     model: str,
@@ -435,10 +465,16 @@ async def run_level(
         before = state.last
         state.pass_kept = len(state.records)
         state.pass_started = time.perf_counter()
-        run, _ = await run_pass(
-            endpoint, model, prompts, level, settings, settings.seed + repeat, progress, outcome,
-            on_record,
-        )  # fmt: skip
+        sampler = asyncio.create_task(sample_running(endpoint, state.running_samples))
+        try:
+            run, _ = await run_pass(
+                endpoint, model, prompts, level, settings, settings.seed + repeat, progress,
+                outcome, on_record,
+            )  # fmt: skip
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
         if outcome.stop_reason is not None:
             state.runs.append(run)
             state.pass_kept = len(state.records)
