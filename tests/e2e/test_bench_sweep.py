@@ -1,6 +1,8 @@
 """`bench sweep --deployer local` end to end: the real CPU engine restarted per k, interrupted
-mid-sweep (the stack it started is stopped), resumed by the same command, then the table, the
-recommendation, predicted vs measured acceptance and the pictures."""
+mid-sweep (the stack it started is stopped), resumed by the same command, then a k schedule run
+as one more setting (the engine's own num_speculative_tokens_per_batch_size) and verified
+against the static ones, the table, the recommendation, predicted vs measured acceptance and
+the pictures."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def test_local_sweep_interrupted_resumed_and_recommended(tmp_path: Path, models_
         sys.executable, "-m", "dflash_ops.cli", "bench", "sweep", "--deployer", "local",
         "--state-dir", str(state_dir), "--enforce-eager", "--k", "1,2,4",
         "--concurrency", "1,4", "--num-prompts", "4", "--repeats", "2", "--warmup", "1",
-        "--max-tokens", "24", "--out", str(out),
+        "--max-tokens", "24", "--schedule", "1-1:4,2-:1", "--out", str(out),
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = out / "points" / "draft_model-k2" / "requests.jsonl"
@@ -51,13 +53,20 @@ def test_local_sweep_interrupted_resumed_and_recommended(tmp_path: Path, models_
     assert stack.load_state(state_dir) is None
     analysis = json.loads((out / "sweep-results.json").read_text())
     points = {(p["key"], p["level"]): p for p in analysis["points"]}
-    assert set(points) == {
-        (f"draft_model-k{k}", f"concurrency {c}") for k in (1, 2, 4) for c in (1, 4)
-    }
+    keys = [f"draft_model-k{k}" for k in (1, 2, 4)] + ["draft_model-schedule"]
+    assert set(points) == {(key, f"concurrency {c}") for key in keys for c in (1, 4)}
     for (key, _), point in points.items():
-        k = int(key.rsplit("k", 1)[1])
+        k = 4 if key.endswith("schedule") else int(key.rsplit("k", 1)[1])
         assert 1 <= point["mean_acceptance_length"] <= k + 1
         assert point["output_tokens_per_s"] > 0
+    # The engine drafted the schedule's k: 4 alone, 1 once two or more requests run (a run's
+    # tail, with one request left, drafts 4 again).
+    scheduled = json.loads((out / "points" / "draft_model-schedule" / "results.json").read_text())
+    k_in_effect = [lv["spec_decode"]["k_in_effect"] for lv in scheduled["levels"]]
+    assert k_in_effect[0] > 3.5 and k_in_effect[1] < 3.0, k_in_effect
+    verdict = analysis["schedule"]
+    assert verdict["schedule"] == "1-1:4,2-:1" and len(verdict["levels"]) == 2
+    assert verdict["recommended"] == (verdict["shortfalls"] == [])
     assert {r["level"] for r in analysis["recommendations"]} == {"concurrency 1", "concurrency 4"}
     for recommendation in analysis["recommendations"]:
         assert recommendation["recommended"] in recommendation["within_spread"]
@@ -79,3 +88,4 @@ def test_local_sweep_interrupted_resumed_and_recommended(tmp_path: Path, models_
     assert "| draft_model-k4 | concurrency 4 |" in done.stdout
     rendered = helm_template([out / "recommended-values.yaml"], [], "dflash", "llm")
     assert "num_speculative_tokens" in rendered
+    assert ("num_speculative_tokens_per_batch_size" in rendered) == verdict["recommended"]

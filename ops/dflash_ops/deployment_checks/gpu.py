@@ -206,6 +206,7 @@ def reference_table(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout,
         ),
         deployer="gpu-acceptance",
+        schedule="off",  # the reference's settings only
     )
     out = args.work / "reference-sweep"
     analysis = run_sweep(out, plan, EngineDeployer(args), "model", None, None)

@@ -345,3 +345,15 @@ def test_no_running_batch_without_the_gauge() -> None:
     two = 'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
     three = 'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
     assert running_requests_of({"a": two, "b": three}) == 5  # replicas behind a router
+
+
+def test_progress_of_a_timed_run_counts_requests_in_words_once() -> None:
+    import io
+
+    from dflash_ops.bench.core.runner import Progress
+
+    stream = io.StringIO()
+    progress = Progress("concurrency 4, run 1/3:", None, stream)
+    for _ in range(50):
+        progress.advance(2)
+    assert stream.getvalue().startswith("  concurrency 4, run 1/3: 50 requests, 100 tokens, ")

@@ -23,7 +23,7 @@ from dflash_ops.bench.core.results import (
     SpecDecodeStats,
     Spread,
 )
-from dflash_ops.bench.sweep.analysis import analyse, recommended_values
+from dflash_ops.bench.sweep.analysis import analyse, recommended_values, table
 from dflash_ops.bench.sweep.deployers import LocalDeployer, Setting
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.errors import UserError
@@ -242,3 +242,107 @@ def test_a_failed_rollout_restores_the_release(instant_server: str, tmp_path: Pa
     )  # fmt: skip
     assert done.returncode == 2 and "context deadline exceeded" in done.stderr
     assert "--reset-values" in calls(env)[-1]
+
+
+def schedule_results(
+    scheduled: list[tuple[float, float]],
+) -> dict[Setting, BenchResult]:
+    """off, k2 and k4 at concurrency 1, 4, 16, and a schedule measured as `scheduled`."""
+    return {
+        Setting(0, "dflash"): result(level(1, 100, 2, 50, []), level(4, 300, 5, 60, []),
+                                     level(16, 900, 10, 70, [])),
+        Setting(2, "dflash"): result(level(1, 150, 3, 30, CURVE[:2]),
+                                     level(4, 390, 8, 40, CURVE[:2]),
+                                     level(16, 880, 10, 60, CURVE[:2])),
+        Setting(4, "dflash"): result(level(1, 180, 3, 25, CURVE), level(4, 400, 8, 45, CURVE),
+                                     level(16, 700, 10, 80, CURVE)),
+        Setting(4, "dflash", schedule="1-2:4,3-8:2,9-:0"): result(
+            *(level(c, tps, sd, 40, CURVE) for c, (tps, sd) in zip((1, 4, 16), scheduled,
+                                                                   strict=True))
+        ),
+    }  # fmt: skip
+
+
+def test_a_schedule_within_the_spread_everywhere_is_recommended_and_rendered(
+    tmp_path: Path,
+) -> None:
+    results = schedule_results([(179, 3), (396, 8), (905, 12)])
+    analysis = analyse(results, with_capacity=False)
+    verdict = analysis.schedule
+    assert verdict is not None and verdict.recommended and verdict.shortfalls == []
+    assert [lv.best_static for lv in verdict.levels] == ["dflash-k4", "dflash-k4", "off"]
+    # Beyond both spreads: ahead of off and k=2 at concurrency 1 (176 > 153), of k=2 and k=4 at
+    # 16; so ahead of every static setting at one level at least.
+    assert verdict.levels[0].ahead_of == ["off", "dflash-k2"]
+    assert verdict.levels[2].ahead_of == ["dflash-k2", "dflash-k4"]
+    assert verdict.never_ahead_of == []
+    # The static recommendation leaves the schedule out.
+    assert all("schedule" not in r.recommended for r in analysis.recommendations)
+    path = tmp_path / "values.yaml"
+    path.write_text(recommended_values(analysis, results))
+    values = yaml.safe_load(path.read_text())
+    assert values["speculative"] == {
+        "method": "dflash", "numSpeculativeTokens": 4, "schedule": "1-2:4,3-8:2,9-:0",
+    }  # fmt: skip
+    rendered = helm_template([path], [], "dflash", "llm")
+    assert '\\"num_speculative_tokens_per_batch_size\\":[[1,2,4],[3,8,2],[9,65536,0]]' in rendered
+
+
+def test_a_schedule_short_of_the_best_static_somewhere_is_named_and_not_recommended() -> None:
+    # At concurrency 16 the schedule (plain decoding there) reaches 760 ± 10: 0.84x of off.
+    results = schedule_results([(179, 3), (396, 8), (760, 10)])
+    analysis = analyse(results, with_capacity=False)
+    verdict = analysis.schedule
+    assert verdict is not None and not verdict.recommended
+    assert verdict.shortfalls == [
+        "concurrency 16: 0.84x of off (760.0 ± 10.0 against 900.0 ± 10.0 tok/s)"
+    ]
+    assert verdict.never_ahead_of == []  # ahead of k=2 and off at 1, of k=4 at 16
+    text = recommended_values(analysis, results)
+    assert "is not recommended: it fell short at concurrency 16: 0.84x of off" in text
+    assert "schedule" not in yaml.safe_load(text)["speculative"]
+    assert "Not recommended: fell short at concurrency 16" in table(analysis)
+
+
+def test_the_helm_sweep_verifies_a_given_schedule_as_one_more_rollout(
+    instant_server: str, tmp_path: Path
+) -> None:
+    helm, env = stand_in(tmp_path, {"speculative": {"schedule": "1-4:7"}})
+    out = tmp_path / "out"
+    command = sweep_command(instant_server, out, helm, "--schedule", "1-1:4;2-:0")
+    command[command.index("--method") + 1] = "dflash"
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    upgrades = [c for c in calls(env) if c[0] == "upgrade" and "--reuse-values" in c]
+    schedules = [c[c.index("--set-string") + 1] for c in upgrades]
+    # The static settings clear the release's own schedule; the last rollout sets the given one.
+    assert schedules == [
+        "speculative.schedule=", "speculative.schedule=", "speculative.schedule=1-1:4;2-:0",
+    ]  # fmt: skip
+    analysis = json.loads((out / "sweep-results.json").read_text())
+    assert analysis["schedule"]["schedule"] == "1-1:4,2-:0"
+    assert [lv["level"] for lv in analysis["schedule"]["levels"]] == [
+        "concurrency 1", "concurrency 2",
+    ]  # fmt: skip
+    assert json.loads((out / "sweep.json").read_text())["done"][-1] == "dflash-schedule"
+    assert "k schedule `1-1:4,2-:0`" in (out / "sweep.md").read_text()
+
+
+def test_a_derived_schedule_needs_the_running_batch(instant_server: str, tmp_path: Path) -> None:
+    """The instant server answers in milliseconds: no level lasts long enough to sample the
+    running batch, so the sweep says why it derived no schedule and runs none."""
+    helm, env = stand_in(tmp_path, {"replicas": 1})
+    out = tmp_path / "out"
+    done = subprocess.run(
+        sweep_command(instant_server, out, helm), capture_output=True, text=True, timeout=300,
+        env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    analysis = json.loads((out / "sweep-results.json").read_text())
+    assert analysis["schedule"] is None
+    assert analysis["schedule_note"] and (
+        "running batch" in analysis["schedule_note"] or "methods" in analysis["schedule_note"]
+    )
+    assert "No k schedule" in (out / "recommended-values.yaml").read_text()

@@ -149,6 +149,7 @@ CASES = {
     "local-noise-paying": (
         ["local", "up", "--models", "paying", "--draft-noise", "0.1"], "--draft-noise"
     ),
+    "sweep-schedule": (["bench", "sweep", "--schedule", "1-4:banana"], "--schedule"),
     "sweep-models-helm": (
         ["bench", "sweep", "--deployer", "helm", "--models", "paying", "--release", "r",
          "--base-url", "http://127.0.0.1:1"], "--models",

@@ -93,7 +93,7 @@ class Progress:
         self.tokens += tokens
         if self.total is None:
             if self.tty or self.done % 50 == 0:
-                self._write(f"{self.done} requests")
+                self._write(f"{self.done}")
             return
         if self.tty or self.done in {self.total * q // 4 for q in (1, 2, 3, 4)}:
             width = 20

@@ -45,13 +45,48 @@ class Prediction(BaseModel):
     measured_mean_acceptance_length: float | None
 
 
+class ScheduleLevel(BaseModel):
+    level: str
+    output_tokens_per_s: float
+    output_tokens_per_s_stdev: float
+    best_static: str = Field(description="the fastest static setting at this level")
+    best_static_tokens_per_s: float
+    best_static_stdev: float
+    ratio: float = Field(description="the schedule's mean output tok/s over the best static's")
+    within_spread: bool = Field(
+        description="the schedule's mean + stdev reaches the best static's mean - stdev"
+    )
+    ahead_of: list[str] = Field(
+        description="static settings the schedule beats here beyond both spreads"
+    )
+
+
+class ScheduleVerdict(BaseModel):
+    """The schedule run as one more setting, against the best static setting at every level."""
+
+    schedule: str
+    setting: str
+    levels: list[ScheduleLevel]
+    recommended: bool = Field(description="within the spread of the best static at every level")
+    shortfalls: list[str] = Field(description="where it fell short, and by how much")
+    never_ahead_of: list[str] = Field(
+        description="static settings the schedule beats beyond the spread at no level"
+    )
+
+
 class SweepAnalysis(BaseModel):
     points: list[PointFigures]
-    recommendations: list[LevelRecommendation]
+    recommendations: list[LevelRecommendation] = Field(
+        description="among the static settings (one k each)"
+    )
     predictions: list[Prediction]
     kv_cache_tokens: dict[int, int] = Field(
         default_factory=dict,
         description="the planner's KV-cache tokens per k for the chart's default deployment",
+    )
+    schedule: ScheduleVerdict | None = None
+    schedule_note: str | None = Field(
+        default=None, description="why no schedule was run, when none was"
     )
 
 
@@ -139,28 +174,111 @@ def planned_kv_tokens(ks: list[int]) -> dict[int, int]:
     return {k: plan.capacity[k].kv_cache_tokens for k in wanted if k in plan.capacity}
 
 
-def analyse(results: dict[Setting, BenchResult], with_capacity: bool = True) -> SweepAnalysis:
+def analyse(
+    results: dict[Setting, BenchResult],
+    with_capacity: bool = True,
+    schedule_note: str | None = None,
+) -> SweepAnalysis:
+    """Recommendations and predictions over the static settings; a schedule setting among
+    `results` is verified against them."""
+    static = {s: r for s, r in results.items() if not s.schedule}
     points = [figures(s, lv) for s, result in sorted(results.items()) for lv in result.levels]
+    static_points = [p for p in points if p.key in {s.key for s in static}]
+    scheduled = [s for s in results if s.schedule]
+    verdict = None
+    if scheduled:
+        setting = scheduled[0]
+        verdict = verify_schedule(
+            setting, [p for p in points if p.key == setting.key], static_points
+        )
     return SweepAnalysis(
         points=points,
-        recommendations=recommend(points),
-        predictions=predict(results),
-        kv_cache_tokens=planned_kv_tokens([s.k for s in results]) if with_capacity else {},
+        recommendations=recommend(static_points),
+        predictions=predict(static),
+        kv_cache_tokens=planned_kv_tokens([s.k for s in static]) if with_capacity else {},
+        schedule=verdict,
+        schedule_note=schedule_note,
+    )
+
+
+def verify_schedule(
+    setting: Setting, scheduled: list[PointFigures], static: list[PointFigures]
+) -> ScheduleVerdict:
+    """The schedule is recommended only where, at every level, its throughput is within the
+    measured spread of the best static setting there (the rule the static recommendation uses);
+    otherwise the verdict says where and by how much it fell short."""
+    levels = []
+    for point in scheduled:
+        here = [p for p in static if p.level == point.level]
+        if not here:
+            continue
+        best = max(here, key=lambda p: (p.output_tokens_per_s, -p.k))
+        floor = best.output_tokens_per_s - best.output_tokens_per_s_stdev
+        low = point.output_tokens_per_s - point.output_tokens_per_s_stdev
+        levels.append(
+            ScheduleLevel(
+                level=point.level,
+                output_tokens_per_s=point.output_tokens_per_s,
+                output_tokens_per_s_stdev=point.output_tokens_per_s_stdev,
+                best_static=best.key,
+                best_static_tokens_per_s=best.output_tokens_per_s,
+                best_static_stdev=best.output_tokens_per_s_stdev,
+                ratio=point.output_tokens_per_s / best.output_tokens_per_s
+                if best.output_tokens_per_s
+                else 0.0,
+                within_spread=point.output_tokens_per_s + point.output_tokens_per_s_stdev >= floor,
+                ahead_of=[
+                    p.key for p in here if low > p.output_tokens_per_s + p.output_tokens_per_s_stdev
+                ],
+            )
+        )
+    shortfalls = [
+        f"{lv.level}: {lv.ratio:.2f}x of {lv.best_static} ({lv.output_tokens_per_s:.1f} ± "
+        f"{lv.output_tokens_per_s_stdev:.1f} against {lv.best_static_tokens_per_s:.1f} ± "
+        f"{lv.best_static_stdev:.1f} tok/s)"
+        for lv in levels
+        if not lv.within_spread
+    ]
+    keys = list(dict.fromkeys(p.key for p in static))
+    ahead = {key for lv in levels for key in lv.ahead_of}
+    return ScheduleVerdict(
+        schedule=setting.schedule,
+        setting=setting.key,
+        levels=levels,
+        recommended=bool(levels) and not shortfalls,
+        shortfalls=shortfalls,
+        never_ahead_of=[key for key in keys if key not in ahead],
     )
 
 
 def recommended_values(analysis: SweepAnalysis, results: dict[Setting, BenchResult]) -> str:
-    """The chart values for the recommendation at the highest measured load, as YAML with the
-    other levels' picks in comments."""
+    """The chart values for the verified schedule, or else for the recommendation at the
+    highest measured load, as YAML with the other levels' picks in comments."""
     by_key = {s.key: s for s in results}
     picks = analysis.recommendations
     last = picks[-1]
-    setting = by_key[last.recommended]
-    lines = [
-        "# dflash-serve bench sweep: the smallest k within the measured spread of the fastest",
-        f"# setting at {last.level} (the highest load measured). Per level:",
-        *(f"#   {r.level}: {r.recommended} (fastest {r.fastest})" for r in picks),
-    ]
+    verdict = analysis.schedule
+    if verdict is not None and verdict.recommended:
+        setting = by_key[verdict.setting]
+        lines = [
+            f"# dflash-serve bench sweep: the k schedule {verdict.schedule}, within the measured",
+            "# spread of the best static setting at every level. Per level (best static):",
+            *(f"#   {lv.level}: {lv.ratio:.2f}x of {lv.best_static}" for lv in verdict.levels),
+        ]
+    else:
+        setting = by_key[last.recommended]
+        lines = [
+            "# dflash-serve bench sweep: the smallest k within the measured spread of the fastest",
+            f"# setting at {last.level} (the highest load measured). Per level:",
+            *(f"#   {r.level}: {r.recommended} (fastest {r.fastest})" for r in picks),
+        ]
+        if verdict is not None:
+            lines.append(
+                f"# The k schedule {verdict.schedule} is not recommended: it fell short at "
+                + "; ".join(verdict.shortfalls)
+            )
+        elif analysis.schedule_note:
+            lines.append(f"# No k schedule: {analysis.schedule_note}")
     if any(s.method == "draft_model" for s in results):
         lines.append(
             "# Measured on the CPU local stack, whose draft model stands in for DFlash2: "
@@ -169,6 +287,8 @@ def recommended_values(analysis: SweepAnalysis, results: dict[Setting, BenchResu
     speculative: dict[str, object] = {"method": setting.chart_method}
     if setting.k:
         speculative["numSpeculativeTokens"] = setting.k
+    if setting.schedule:
+        speculative["schedule"] = setting.schedule
     import yaml
 
     body = yaml.safe_dump(
@@ -198,6 +318,7 @@ def table(analysis: SweepAnalysis) -> str:
             f"| {r.level} | **{r.recommended}** | {r.fastest} | {r.lowest_tpot_p99 or 'n/a'} | "
             f"{', '.join(r.within_spread)} |"
         )
+    lines += schedule_table(analysis)
     if analysis.predictions:
         lines += [
             "",
@@ -210,6 +331,32 @@ def table(analysis: SweepAnalysis) -> str:
                 f"(k={pr.from_k}) | {_fmt(pr.measured_mean_acceptance_length, 2)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def schedule_table(analysis: SweepAnalysis) -> list[str]:
+    verdict = analysis.schedule
+    if verdict is None:
+        return ["", f"No k schedule: {analysis.schedule_note}"] if analysis.schedule_note else []
+    lines = [
+        "",
+        f"k schedule `{verdict.schedule}` ({verdict.setting}) against the best static setting:",
+        "",
+        "| level | schedule tok/s | best static | its tok/s | ratio | within the spread | "
+        "ahead of |",
+        "|---|---:|---|---:|---:|---|---|",
+    ]
+    for lv in verdict.levels:
+        lines.append(
+            f"| {lv.level} | {lv.output_tokens_per_s:.1f} ± {lv.output_tokens_per_s_stdev:.1f} | "
+            f"{lv.best_static} | {lv.best_static_tokens_per_s:.1f} ± {lv.best_static_stdev:.1f} "
+            f"| {lv.ratio:.2f}x | {'yes' if lv.within_spread else '**no**'} | "
+            f"{', '.join(lv.ahead_of) or '-'} |"
+        )
+    if verdict.recommended:
+        lines += ["", "**Recommended**: within the spread of the best static k at every level."]
+    else:
+        lines += ["", "Not recommended: fell short at " + "; ".join(verdict.shortfalls) + "."]
+    return lines
 
 
 def _fmt(value: float | None, digits: int) -> str:

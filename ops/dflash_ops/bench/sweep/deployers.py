@@ -39,13 +39,18 @@ SWEEP_MARKER = "sweep-owned"
 
 @dataclass(frozen=True, order=True)
 class Setting:
-    """One point of the sweep's method axis: k = 0 is speculation off."""
+    """One point of the sweep's method axis: k = 0 is speculation off. With a schedule (the
+    short form), k is its largest k and the engine drafts the schedule's k at each running batch
+    size."""
 
     k: int
     method: SpeculativeMethod
+    schedule: str = ""
 
     @property
     def key(self) -> str:
+        if self.schedule:
+            return f"{self.method}-schedule"
         return "off" if self.k == 0 else f"{self.method}-k{self.k}"
 
     @property
@@ -128,6 +133,7 @@ class LocalDeployer:
             method=method,  # type: ignore[arg-type]
             models=self.models,
             num_speculative_tokens=max(1, setting.k),
+            schedule=setting.schedule or None,
             prometheus=False,
             engine_timeout_s=self.engine_timeout_s,
             enforce_eager=self.enforce_eager,
@@ -192,6 +198,10 @@ class HelmDeployer:
         args.append("--reuse-values")
         for item in sets:
             args += ["--set", item]
+        # A static setting clears a schedule the release (or an earlier setting) had; ';'
+        # between ranges: --set splits on commas.
+        schedule = setting.schedule.replace(",", ";")
+        args += ["--set-string", f"speculative.schedule={schedule}"]
         return [*args, "--wait", "--timeout", f"{int(self.timeout_s)}s"]
 
     def restore_args(self) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
@@ -20,7 +20,10 @@ from dflash_ops.bench.core.runner import BenchStopped, Level, Target
 from dflash_ops.bench.sweep.analysis import SweepAnalysis, analyse, recommended_values, table
 from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
 from dflash_ops.errors import UserError
-from dflash_ops.vocabulary import LocalModels
+from dflash_ops.speculative_schedule import parse_schedule, short_form
+from dflash_ops.vocabulary import MAX_K, LocalModels
+
+DERIVE, NO_SCHEDULE = "derive", "off"
 
 
 class SweepPlan(BaseModel):
@@ -29,11 +32,18 @@ class SweepPlan(BaseModel):
     bench: BenchSettings
     deployer: str
     models: LocalModels | None = None  # the local deployer's model pair
+    schedule: str = Field(
+        default=DERIVE,
+        description="derive: a k schedule from the static settings' measurements, run and "
+        "verified after them; off: none; or a schedule (short form) to verify",
+    )
 
 
 class SweepState(BaseModel):
     plan: SweepPlan
     done: list[str] = []
+    schedule_setting: Setting | None = None
+    schedule_note: str | None = None
 
 
 def load_state(out: Path, plan: SweepPlan, fresh: bool) -> SweepState:
@@ -76,18 +86,12 @@ def run_sweep(
     try:
         for number, setting in enumerate(todo, start=1):
             say(f"setting {number}/{len(todo)}: {setting.key}")
-            base_url = deployer.apply(setting)
-            try:
-                target = Target(base_url, model, api_key)
-                run_into(point_dir(out, setting), target, plan.levels, plan.bench, prompts)
-            except BenchStopped as stopped:
-                raise UserError(
-                    f"{setting.key}: the benchmark stopped early ({stopped.result.stop_reason}); "
-                    f"what it measured is in {point_dir(out, setting)}; run the sweep again to "
-                    "resume"
-                ) from None
-            state.done.append(setting.key)
-            save_json(out / "sweep.json", state.model_dump_json(indent=2))
+            measure(out, plan, deployer, setting, model, api_key, prompts, state)
+        scheduled = schedule_setting(out, plan, state)
+        save_json(out / "sweep.json", state.model_dump_json(indent=2))
+        if scheduled is not None and scheduled.key not in state.done:
+            say(f"the k schedule {scheduled.schedule}: one more setting, verified against the rest")
+            measure(out, plan, deployer, scheduled, model, api_key, prompts, state)
     except (BenchInterrupted, KeyboardInterrupt):
         say(f"interrupted: {len(state.done)} settings kept in {out}; the same command resumes")
         deployer.finish()
@@ -96,7 +100,63 @@ def run_sweep(
         deployer.finish()
         raise
     deployer.finish()
-    return finish(out, plan)
+    return finish(out, plan, state)
+
+
+def measure(
+    out: Path,
+    plan: SweepPlan,
+    deployer: Deployer,
+    setting: Setting,
+    model: str | None,
+    api_key: str | None,
+    prompts: list[Prompt] | None,
+    state: SweepState,
+) -> None:
+    base_url = deployer.apply(setting)
+    try:
+        target = Target(base_url, model, api_key)
+        run_into(point_dir(out, setting), target, plan.levels, plan.bench, prompts)
+    except BenchStopped as stopped:
+        raise UserError(
+            f"{setting.key}: the benchmark stopped early ({stopped.result.stop_reason}); "
+            f"what it measured is in {point_dir(out, setting)}; run the sweep again to "
+            "resume"
+        ) from None
+    state.done.append(setting.key)
+    save_json(out / "sweep.json", state.model_dump_json(indent=2))
+
+
+def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting | None:
+    """The schedule to run after the static settings (derived from their results, or the one
+    the plan gives), or None with the reason in `state.schedule_note`."""
+    from dflash_ops.bench.sweep.analysis import analyse
+    from dflash_ops.bench.sweep.schedule_derivation import NoSchedule, derive_schedule
+
+    if state.schedule_setting is not None or plan.schedule == NO_SCHEDULE:
+        return state.schedule_setting
+    speculative = [s for s in plan.settings if s.k > 0]
+    if plan.schedule != DERIVE:
+        ranges = parse_schedule(plan.schedule, MAX_K)
+        largest = max(k for _, _, k in ranges)
+        method = speculative[0].method if speculative else None
+        if method is None or largest == 0:
+            state.schedule_note = "the given schedule needs a speculative method and a k above 0"
+            return None
+        state.schedule_setting = Setting(largest, method, schedule=short_form(ranges))
+        return state.schedule_setting
+    if len(plan.levels) < 2:
+        state.schedule_note = "one load level: a schedule needs two or more"
+        return None
+    static = load_results(out, plan)
+    derived = derive_schedule(analyse(static, with_capacity=False), static)
+    if isinstance(derived, NoSchedule):
+        state.schedule_note = derived.reason
+        return None
+    state.schedule_setting = Setting(derived.largest_k, derived.method, schedule=derived.short_form)
+    picks = ", ".join(f"{p.level} -> k {p.k} at {p.running_batch:g} running" for p in derived.picks)
+    say(f"derived the k schedule {derived.short_form} ({picks})")
+    return state.schedule_setting
 
 
 def load_results(out: Path, plan: SweepPlan) -> dict[Setting, BenchResult]:
@@ -106,11 +166,16 @@ def load_results(out: Path, plan: SweepPlan) -> dict[Setting, BenchResult]:
     }
 
 
-def finish(out: Path, plan: SweepPlan) -> SweepAnalysis:
+def finish(out: Path, plan: SweepPlan, state: SweepState | None = None) -> SweepAnalysis:
     from dflash_ops.bench.sweep import plots
 
     results = load_results(out, plan)
-    analysis = analyse(results)
+    scheduled = state.schedule_setting if state is not None else None
+    if scheduled is not None and state is not None and scheduled.key in state.done:
+        results[scheduled] = BenchResult.model_validate_json(
+            (point_dir(out, scheduled) / "results.json").read_text()
+        )
+    analysis = analyse(results, schedule_note=state.schedule_note if state else None)
     save_json(out / "sweep-results.json", analysis.model_dump_json(indent=2))
     (out / "sweep.md").write_text(table(analysis))
     (out / "recommended-values.yaml").write_text(recommended_values(analysis, results))

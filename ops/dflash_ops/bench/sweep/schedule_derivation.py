@@ -20,6 +20,7 @@ from dflash_ops.bench.core.results import BenchResult
 from dflash_ops.bench.sweep.analysis import SweepAnalysis
 from dflash_ops.bench.sweep.deployers import Setting
 from dflash_ops.speculative_schedule import OPEN_END, Schedule, short_form
+from dflash_ops.vocabulary import SpeculativeMethod
 
 
 class LevelPick(BaseModel):
@@ -36,7 +37,7 @@ class DerivedSchedule(BaseModel):
     )
     short_form: str
     largest_k: int
-    method: str
+    method: SpeculativeMethod
 
 
 class NoSchedule(BaseModel):

@@ -23,6 +23,17 @@ from dflash_ops.vocabulary import LOCAL_MODELS, MAX_K, SPECULATIVE_METHODS
 method_list = choice_list(SPECULATIVE_METHODS, "methods", "dflash,mtp")
 
 
+def schedule_choice(text: str) -> str:
+    from dflash_ops.speculative_schedule import ScheduleError, parse_schedule, short_form
+
+    if text in ("derive", "off"):
+        return text
+    try:
+        return short_form(parse_schedule(text, MAX_K))
+    except ScheduleError as err:
+        raise argparse.ArgumentTypeError(f"{err} (or derive, or off)") from None
+
+
 def register(actions: Any) -> None:
     sweep = actions.add_parser(
         "sweep",
@@ -65,6 +76,17 @@ def register(actions: Any) -> None:
         "--api-key",
         default=os.environ.get("OPENAI_API_KEY"),
         help="bearer token for an engine started with an API key (default: $OPENAI_API_KEY)",
+    )
+    sweep.add_argument(
+        "--schedule",
+        type=schedule_choice,
+        default="derive",
+        metavar="derive|off|RANGES",
+        help="derive (default): after the static settings, derive a k schedule (k per running "
+        "batch size) from the recommendation at each level and the engine's running batch "
+        "there, run it as one more setting and recommend it only if it is within the spread "
+        "of the best static setting at every level; off: no schedule; RANGES (e.g. "
+        "1-4:4,5-:1): verify this schedule instead",
     )
     sweep.add_argument("--deployer", choices=["local", "helm"], default="local")
     sweep.add_argument(
@@ -159,6 +181,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         bench=run_settings,
         deployer=args.deployer,
         models=args.models if args.deployer == "local" else None,
+        schedule=args.schedule,
     )
     deployer = _deployer(args)
     keys = ", ".join(s.key for s in settings)
