@@ -190,6 +190,26 @@ def held_kv(null_block: bool, held: bytes | None) -> str:
     return "never-written KV" if held is None else "another prefix's KV"
 
 
+def check_drained(scheduler: Any) -> None:
+    """When the workload has drained, every block but the null block is free again."""
+    pool = scheduler.kv_cache_manager.block_pool
+    if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
+        raise InvariantViolation(
+            f"drained, but {pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()} blocks "
+            "are still held"
+        )
+
+
+def count_scheduled(report: Any, output: Any, block_size: int) -> None:
+    """What a scheduled step did that the workload is meant to reach: copies on write,
+    preemptions, prefix hits and hits that end inside a block (either harness's report)."""
+    report.copies += len(output.kv_cache_block_copies or ())
+    report.preemptions += len(output.preempted_req_ids or ())
+    for new in output.scheduled_new_reqs:
+        report.hit_tokens += new.num_computed_tokens
+        report.sub_block_hits += bool(new.num_computed_tokens % block_size)
+
+
 def check_books(scheduler: Any, step: int) -> None:
     """Reference counts, the free queue and the hash map agree with the block tables."""
     manager = scheduler.kv_cache_manager
@@ -422,11 +442,7 @@ def run(
                 break
             output = scheduler.schedule()
             copies = output.kv_cache_block_copies or []
-            report.copies += len(copies)
-            report.preemptions += len(output.preempted_req_ids or ())
-            for new in output.scheduled_new_reqs:
-                report.hit_tokens += new.num_computed_tokens
-                report.sub_block_hits += bool(new.num_computed_tokens % block_size)
+            count_scheduled(report, output, block_size)
             worker.copy(copies)
             worker.forward(scheduler.requests, output.num_scheduled_tokens, step)
             ids = list(output.num_scheduled_tokens)
@@ -447,12 +463,7 @@ def run(
             check_books(scheduler, step)
         else:
             raise InvariantViolation(f"the workload did not drain in {step} steps")
-        pool = scheduler.kv_cache_manager.block_pool
-        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
-            raise InvariantViolation(
-                f"drained, but {pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()} blocks "
-                "are still held"
-            )
+        check_drained(scheduler)
     except InvariantViolation as violation:
         report.failure = str(violation)
     report.steps = step + 1

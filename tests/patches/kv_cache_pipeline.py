@@ -54,6 +54,8 @@ from tests.patches.kv_cache_harness import (
     attention_groups,
     build,
     check_books,
+    check_drained,
+    count_scheduled,
     held_kv,
     new_request,
     prompt_families,
@@ -297,7 +299,6 @@ def run(
     geometry = geometry or Geometry()
     workload = workload or PipelineWorkload()
     scheduler, hasher, block_size, _ = build_async(geometry, workload.spec_tokens)
-    pool = scheduler.kv_cache_manager.block_pool
     managers, attention = attention_groups(scheduler, same_step_guard)
     rng = random.Random(seed)
     worker = PipelineWorker(managers, attention, random.Random(seed + 1), workload.accept)
@@ -339,11 +340,7 @@ def run(
             scheduled = scheduler.has_requests()
             if scheduled:
                 output = scheduler.schedule()
-                report.copies += len(output.kv_cache_block_copies or ())
-                report.preemptions += len(output.preempted_req_ids or ())
-                for new in output.scheduled_new_reqs:
-                    report.hit_tokens += new.num_computed_tokens
-                    report.sub_block_hits += bool(new.num_computed_tokens % block_size)
+                count_scheduled(report, output, block_size)
                 plan = worker.plan(output, scheduler, step)
                 report.in_flight_copy_sources += sum(
                     c.src_block_id in worker.pending_writes for c in plan.copies
@@ -369,11 +366,7 @@ def run(
                 check_books(scheduler, step)
         else:
             raise InvariantViolation(f"the workload did not drain in {step} steps")
-        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
-            raise InvariantViolation(
-                f"drained, but {pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()} blocks "
-                "are still held"
-            )
+        check_drained(scheduler)
     except InvariantViolation as violation:
         report.failure = str(violation)
     report.steps = step + 1

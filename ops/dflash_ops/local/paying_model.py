@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from dflash_ops.local.tiny_model import TinyModelSpec, qwen3_config, train_tokenizer
+from dflash_ops.local.tiny_model import TinyModelSpec, qwen3_config, random_qwen3
 
 
 class PayingPairSpec(TinyModelSpec):
@@ -44,23 +44,14 @@ def build_pair(target_dir: Path, draft_dir: Path, spec: PayingPairSpec) -> None:
     `draft_dir`; both with the same tokenizer, saved as bfloat16 safetensors."""
     import torch
     from safetensors.torch import save_file
-    from transformers import Qwen3ForCausalLM
 
     if spec.draft_layers >= spec.num_hidden_layers:
         raise ValueError(
             f"draft_layers {spec.draft_layers} must be below the target's "
             f"{spec.num_hidden_layers} layers"
         )
-    target_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(target_dir, spec.vocab_size)
-    torch.manual_seed(spec.seed)
-    config = qwen3_config(spec, tokenizer, spec.num_hidden_layers, "bfloat16")
-    model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
-    with torch.no_grad():
-        # Random init gives near-uniform logits; widen them so greedy text is not one token
-        # repeated (as the tiny pair does), then quieten the deep layers.
-        for param in model.parameters():
-            param.mul_(4.0 if param.ndim > 1 else 1.0)
+    model, tokenizer = random_qwen3(target_dir, spec, "bfloat16")
+    with torch.no_grad():  # quieten the deep layers
         for index, layer in enumerate(model.model.layers):
             if index >= spec.draft_layers:
                 layer.self_attn.o_proj.weight.mul_(spec.deep_scale)

@@ -93,20 +93,27 @@ def qwen3_config(spec: TinyModelSpec, tokenizer: Any, layers: int, dtype: str) -
     )
 
 
-def build_target(directory: Path, spec: TinyModelSpec) -> None:
-    """Tokenizer plus a randomly initialized Qwen3 causal LM in `directory`."""
+def random_qwen3(directory: Path, spec: TinyModelSpec, dtype: str) -> tuple[Any, Any]:
+    """The tokenizer (saved in `directory`) and a seeded, randomly initialized Qwen3 causal LM
+    of `spec`'s shape (not saved), its matrices widened x4: random init gives near-uniform
+    logits, and greedy text would be one token repeated."""
     import torch
     from transformers import Qwen3ForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(directory, spec.vocab_size)
     torch.manual_seed(spec.seed)
-    config = qwen3_config(spec, tokenizer, spec.num_hidden_layers, "float32")
+    config = qwen3_config(spec, tokenizer, spec.num_hidden_layers, dtype)
     model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
-    # Random init gives near-uniform logits; widen them so greedy text is not one token repeated.
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(4.0 if param.ndim > 1 else 1.0)
+    return model, tokenizer
+
+
+def build_target(directory: Path, spec: TinyModelSpec) -> None:
+    """Tokenizer plus a randomly initialized Qwen3 causal LM in `directory`."""
+    model, _ = random_qwen3(directory, spec, "float32")
     model.save_pretrained(directory, safe_serialization=True)
 
 

@@ -166,16 +166,16 @@ def load_results(out: Path, plan: SweepPlan) -> dict[Setting, BenchResult]:
     }
 
 
-def finish(out: Path, plan: SweepPlan, state: SweepState | None = None) -> SweepAnalysis:
+def finish(out: Path, plan: SweepPlan, state: SweepState) -> SweepAnalysis:
     from dflash_ops.bench.sweep import plots
 
     results = load_results(out, plan)
-    scheduled = state.schedule_setting if state is not None else None
-    if scheduled is not None and state is not None and scheduled.key in state.done:
+    scheduled = state.schedule_setting
+    if scheduled is not None and scheduled.key in state.done:
         results[scheduled] = BenchResult.model_validate_json(
             (point_dir(out, scheduled) / "results.json").read_text()
         )
-    analysis = analyse(results, schedule_note=state.schedule_note if state else None)
+    analysis = analyse(results, schedule_note=state.schedule_note)
     save_json(out / "sweep-results.json", analysis.model_dump_json(indent=2))
     (out / "sweep.md").write_text(table(analysis))
     (out / "recommended-values.yaml").write_text(recommended_values(analysis, results))
