@@ -82,3 +82,75 @@ def test_every_rendered_command_line_is_accepted_by_vllm_033(
     for name in bad:
         assert results.pop(name) != "ok", name
     assert results == dict.fromkeys(results, "ok")
+
+
+def swept_values(seed: int) -> tuple[str, str] | None:
+    """A random sweep (off and two or three k, at two to four loads, one method) whose derived
+    schedule is measured as fast as the best static setting at every level: the
+    recommended-values.yaml `bench sweep` writes for it, and the schedule's short form."""
+    import random
+
+    from dflash_ops.bench.core.results import RunningBatch
+    from dflash_ops.bench.sweep.analysis import analyse, recommended_values
+    from dflash_ops.bench.sweep.deployers import Setting
+    from dflash_ops.bench.sweep.schedule_derivation import DerivedSchedule, derive_schedule
+
+    from tests.ops.bench.test_sweep import level, result
+
+    rng = random.Random(seed)
+    method = rng.choice(["draft_model", "dflash"])
+    ks = [0, *sorted(rng.sample(range(1, 16), rng.randint(2, 3)))]
+    loads = sorted(rng.sample([1, 2, 4, 8, 16, 32, 64, 128, 256], rng.randint(2, 4)))
+    results = {}
+    for k in ks:
+        levels = []
+        for concurrency in loads:
+            lv = level(concurrency, rng.uniform(10, 1000), 1.0, 30.0, [0.8] * k)
+            batch = concurrency * rng.uniform(0.6, 1.0)
+            lv.running_batch = RunningBatch(mean=batch, p50=batch, p90=batch, max=batch, samples=5)
+            levels.append(lv)
+        results[Setting(k, method)] = result(*levels)
+    derived = derive_schedule(analyse(results, with_capacity=False), results)
+    if not isinstance(derived, DerivedSchedule):
+        return None
+    fastest = [
+        max((r.levels[i] for r in results.values()), key=lambda lv: lv.output_tokens_per_s.mean)
+        for i in range(len(loads))
+    ]
+    scheduled = Setting(derived.largest_k, method, schedule=derived.short_form)
+    results[scheduled] = result(*fastest)
+    analysis = analyse(results, with_capacity=False)
+    assert analysis.schedule is not None and analysis.schedule.recommended, seed
+    return recommended_values(analysis, results), derived.short_form
+
+
+def test_a_sweeps_recommended_schedule_renders_a_command_line_vllm_033_accepts(
+    patched_vllm: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`helm template -f recommended-values.yaml` for the schedules `bench sweep` derives and
+    verifies, each command line parsed by vLLM 0.33.0 into a VllmConfig with the scheduler's
+    lookup table built from it."""
+    cases, schedules = [], {}
+    for seed in range(40):
+        swept = swept_values(seed)
+        if swept is None:
+            continue
+        text, schedule = swept
+        path = tmp_path / f"recommended-values-{seed}.yaml"
+        path.write_text(text)
+        argv = engine_args_in_render(helm_template([path], [], "dflash", "llm"))
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        schedules[f"sweep-{seed}"] = schedule
+        # The rendered table is the derived one, range for range.
+        assert (
+            ",".join(
+                f"{a}-{'' if b == 65536 else b}:{k}"
+                for a, b, k in spec["num_speculative_tokens_per_batch_size"]
+            )
+            == schedule
+        ), seed
+        cases.append({"name": f"sweep-{seed}", "argv": argv})
+    assert len(cases) >= 15  # most random sweeps derive a schedule
+    results = run_probe(patched_vllm, cases, tmp_path)
+    assert results == dict.fromkeys(schedules, "ok")

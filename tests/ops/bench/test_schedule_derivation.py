@@ -115,3 +115,30 @@ def test_no_schedule_says_why(
     results = sweep_results(table)
     derived = derive_schedule(analyse(results, with_capacity=False), results)
     assert isinstance(derived, NoSchedule) and reason in derived.reason
+
+
+def test_where_off_wins_the_schedule_takes_the_best_speculative_k_and_says_so() -> None:
+    # At 64 running, off is fastest; k 2 is close behind and k 4 far behind. A k of 0 in a
+    # schedule would keep the draft model's cost, so the derivation takes k 2 there.
+    results = sweep_results({
+        0: {1: (22, 1.0), 64: (720, 60.0)},
+        2: {1: (40, 1.0), 64: (700, 61.0)},
+        4: {1: (46, 1.0), 64: (600, 59.0)},
+    })  # fmt: skip
+    analysis = analyse(results, with_capacity=False)
+    assert [r.recommended for r in analysis.recommendations] == ["draft_model-k4", "off"]
+    derived = derive_schedule(analysis, results)
+    assert isinstance(derived, DerivedSchedule)
+    assert derived.short_form == "1-7:4,8-:2"
+    assert [(o.level, o.best_speculative, round(o.ratio, 3)) for o in derived.off_ahead] == [
+        ("concurrency 64", "draft_model-k2", round(700 / 720, 3))
+    ]
+    assert "concurrency 64: off recommended (draft_model-k2 0.97x of it)" in derived.describe()
+
+
+def test_one_speculative_k_everywhere_is_no_schedule_even_where_off_wins() -> None:
+    results = sweep_results({0: {1: (22, 1.0), 64: (720, 60.0)}, 4: {1: (46, 1.0), 64: (600, 59)}})
+    derived = derive_schedule(analyse(results, with_capacity=False), results)
+    assert isinstance(derived, NoSchedule)
+    assert "one static k" in derived.reason and derived.off_ahead[0].level == "concurrency 64"
+    assert "0.83x" in derived.describe()

@@ -276,6 +276,7 @@ def test_a_schedule_within_the_spread_everywhere_is_recommended_and_rendered(
     assert verdict.levels[0].ahead_of == ["off", "dflash-k2"]
     assert verdict.levels[2].ahead_of == ["dflash-k2", "dflash-k4"]
     assert verdict.never_ahead_of == []
+    assert "Ahead of every static setting beyond the spread" in table(analysis)
     # The static recommendation leaves the schedule out.
     assert all("schedule" not in r.recommended for r in analysis.recommendations)
     path = tmp_path / "values.yaml"
@@ -302,6 +303,15 @@ def test_a_schedule_short_of_the_best_static_somewhere_is_named_and_not_recommen
     assert "is not recommended: it fell short at concurrency 16: 0.84x of off" in text
     assert "schedule" not in yaml.safe_load(text)["speculative"]
     assert "Not recommended: fell short at concurrency 16" in table(analysis)
+
+
+def test_a_schedule_that_only_matches_a_static_k_says_which_it_never_beats() -> None:
+    # As fast as k=2 everywhere: never beyond its spread (and short of k=4 at concurrency 1).
+    results = schedule_results([(150, 3), (390, 8), (880, 10)])
+    analysis = analyse(results, with_capacity=False)
+    verdict = analysis.schedule
+    assert verdict is not None and verdict.never_ahead_of == ["dflash-k2"]
+    assert "Never ahead beyond the spread of: dflash-k2." in table(analysis)
 
 
 def test_the_helm_sweep_verifies_a_given_schedule_as_one_more_rollout(

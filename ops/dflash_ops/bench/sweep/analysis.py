@@ -88,6 +88,9 @@ class SweepAnalysis(BaseModel):
     schedule_note: str | None = Field(
         default=None, description="why no schedule was run, when none was"
     )
+    schedule_derivation: str | None = Field(
+        default=None, description="the measurements a derived schedule came from"
+    )
 
 
 def figures(setting: Setting, level: LevelResult) -> PointFigures:
@@ -178,6 +181,7 @@ def analyse(
     results: dict[Setting, BenchResult],
     with_capacity: bool = True,
     schedule_note: str | None = None,
+    schedule_derivation: str | None = None,
 ) -> SweepAnalysis:
     """Recommendations and predictions over the static settings; a schedule setting among
     `results` is verified against them."""
@@ -198,6 +202,7 @@ def analyse(
         kv_cache_tokens=planned_kv_tokens([s.k for s in static]) if with_capacity else {},
         schedule=verdict,
         schedule_note=schedule_note,
+        schedule_derivation=schedule_derivation,
     )
 
 
@@ -340,6 +345,7 @@ def schedule_table(analysis: SweepAnalysis) -> list[str]:
     lines = [
         "",
         f"k schedule `{verdict.schedule}` ({verdict.setting}) against the best static setting:",
+        *([f"({analysis.schedule_derivation})"] if analysis.schedule_derivation else []),
         "",
         "| level | schedule tok/s | best static | its tok/s | ratio | within the spread | "
         "ahead of |",
@@ -352,6 +358,11 @@ def schedule_table(analysis: SweepAnalysis) -> list[str]:
             f"| {lv.ratio:.2f}x | {'yes' if lv.within_spread else '**no**'} | "
             f"{', '.join(lv.ahead_of) or '-'} |"
         )
+    if verdict.never_ahead_of:
+        never = ", ".join(verdict.never_ahead_of)
+        lines += ["", f"Never ahead beyond the spread of: {never}."]
+    else:
+        lines += ["", "Ahead of every static setting beyond the spread at one level at least."]
     if verdict.recommended:
         lines += ["", "**Recommended**: within the spread of the best static k at every level."]
     else:

@@ -43,7 +43,8 @@ class SweepState(BaseModel):
     plan: SweepPlan
     done: list[str] = []
     schedule_setting: Setting | None = None
-    schedule_note: str | None = None
+    schedule_note: str | None = None  # why no schedule was run
+    schedule_derivation: str | None = None  # where a derived schedule came from
 
 
 def load_state(out: Path, plan: SweepPlan, fresh: bool) -> SweepState:
@@ -151,11 +152,11 @@ def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting |
     static = load_results(out, plan)
     derived = derive_schedule(analyse(static, with_capacity=False), static)
     if isinstance(derived, NoSchedule):
-        state.schedule_note = derived.reason
+        state.schedule_note = derived.describe()
         return None
     state.schedule_setting = Setting(derived.largest_k, derived.method, schedule=derived.short_form)
-    picks = ", ".join(f"{p.level} -> k {p.k} at {p.running_batch:g} running" for p in derived.picks)
-    say(f"derived the k schedule {derived.short_form} ({picks})")
+    state.schedule_derivation = derived.describe()
+    say(f"the k schedule {derived.short_form}: {state.schedule_derivation}")
     return state.schedule_setting
 
 
@@ -175,7 +176,11 @@ def finish(out: Path, plan: SweepPlan, state: SweepState) -> SweepAnalysis:
         results[scheduled] = BenchResult.model_validate_json(
             (point_dir(out, scheduled) / "results.json").read_text()
         )
-    analysis = analyse(results, schedule_note=state.schedule_note)
+    analysis = analyse(
+        results,
+        schedule_note=state.schedule_note,
+        schedule_derivation=state.schedule_derivation,
+    )
     save_json(out / "sweep-results.json", analysis.model_dump_json(indent=2))
     (out / "sweep.md").write_text(table(analysis))
     (out / "recommended-values.yaml").write_text(recommended_values(analysis, results))
