@@ -190,36 +190,47 @@ def test_helm_sweep_upgrades_per_setting_and_restores_the_original_values(
     assert "kind: Deployment" in rendered
 
 
-def test_ctrl_c_restores_the_release_and_the_same_command_resumes(
-    scripted_server: str, tmp_path: Path
-) -> None:
-    helm, env = stand_in(tmp_path, {"replicas": 1})
-    out = tmp_path / "out"
-    command = sweep_command(f"{scripted_server}/slow", out, helm)
+def interrupt_once_measuring(command: list[str], env: dict[str, str], point: Path) -> str:
+    """Start the sweep, Ctrl-C it once `point` has a request written; its stderr (exit 130)."""
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT
     )
-    second_point = out / "points" / "dflash-k4" / "requests.jsonl"
+    requests = point / "requests.jsonl"
     deadline = time.monotonic() + 120
-    while not (second_point.is_file() and second_point.read_text()):
+    while not (requests.is_file() and requests.read_text()):
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
+    return stderr
+
+
+def run_again(command: list[str], env: dict[str, str]) -> tuple[str, list[list[str]]]:
+    """The same command to the end: its stderr and the helm calls it made."""
+    before = len(calls(env))
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr, calls(env)[before:]
+
+
+def test_ctrl_c_restores_the_release_and_the_same_command_resumes(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    helm, env = stand_in(tmp_path, {"replicas": 1})
+    out = tmp_path / "out"
+    command = sweep_command(f"{scripted_server}/slow", out, helm)
+    stderr = interrupt_once_measuring(command, env, out / "points" / "dflash-k4")
     assert "the same command resumes" in stderr
     log = calls(env)
     assert "--reset-values" in log[-1]  # the release got its values back
     state = json.loads((out / "sweep.json").read_text())
     assert state["done"] == ["off"]
-    first_run = len(log)
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert "resuming: 1 of 3 settings measured" in done.stderr
-    again = calls(env)[first_run:]
+    stderr, again = run_again(command, env)
+    assert "resuming: 1 of 3 settings measured" in stderr
     assert not any(c[:2] == ["get", "values"] for c in again)  # the first original is kept
     upgraded = [c[c.index("--set") + 1] for c in again if "--reuse-values" in c]
     assert upgraded == ["speculative.method=dflash", "speculative.method=mtp"]
@@ -338,6 +349,35 @@ def test_the_helm_sweep_verifies_a_given_schedule_as_one_more_rollout(
     ]  # fmt: skip
     assert json.loads((out / "sweep.json").read_text())["done"][-1] == "dflash-schedule"
     assert "k schedule `1-1:4,2-:0`" in (out / "sweep.md").read_text()
+
+
+def test_ctrl_c_during_the_schedule_setting_restores_the_release_and_resumes_it(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    helm, env = stand_in(tmp_path, {"speculative": {"schedule": "1-4:7"}})
+    out = tmp_path / "out"
+    command = sweep_command(f"{scripted_server}/slow", out, helm, "--schedule", "1-1:4;2-:0")
+    command[command.index("--method") + 1] = "dflash"
+    stderr = interrupt_once_measuring(command, env, out / "points" / "dflash-schedule")
+    assert "2 settings kept" in stderr and "the same command resumes" in stderr
+    log = calls(env)
+    assert "--reset-values" in log[-1]  # the release got its own schedule back
+    saved = Path(log[-1][log[-1].index("--values") + 1])
+    assert yaml.safe_load(saved.read_text()) == {"speculative": {"schedule": "1-4:7"}}
+    state = json.loads((out / "sweep.json").read_text())
+    assert state["done"] == ["off", "dflash-k4"]
+    assert state["schedule_setting"]["schedule"] == "1-1:4,2-:0"
+    stderr, again = run_again(command, env)
+    assert "resuming: 2 of 2 settings measured" in stderr
+    # Only the schedule is rolled out again, then the release's values come back.
+    rollouts = [c[c.index("--set-string") + 1] for c in again if "--reuse-values" in c]
+    assert rollouts == ["speculative.schedule=1-1:4;2-:0"]
+    assert "--reset-values" in again[-1]
+    assert json.loads((out / "sweep.json").read_text())["done"] == [
+        "off", "dflash-k4", "dflash-schedule",
+    ]  # fmt: skip
+    analysis = json.loads((out / "sweep-results.json").read_text())
+    assert analysis["schedule"]["setting"] == "dflash-schedule"
 
 
 def test_a_derived_schedule_needs_the_running_batch(instant_server: str, tmp_path: Path) -> None:
