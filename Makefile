@@ -47,9 +47,9 @@ test: phases-reset lint typecheck images-local ## lint, type checks, images, the
 	@bash ops/setup/run-tests.sh $(PYTEST_ARGS)
 
 # The quick loop: every test that starts no vLLM engine (e2e) and builds or runs no image
-# (tests/docker); both environments, as `make test` runs them.
+# (tests/docker); both environments, as `make test` runs them, pass 1 on two xdist workers.
 check: phases-reset lint typecheck ## lint, types and every test without an engine or an image (the quick loop)
-	@bash ops/setup/run-tests.sh -q -m "not e2e and not heavy_images" --ignore=tests/docker --ignore=tests/e2e $(PYTEST_ARGS)
+	@PASS1_WORKERS=2 bash ops/setup/run-tests.sh -q -m "not e2e and not heavy_images" --ignore=tests/docker --ignore=tests/e2e $(PYTEST_ARGS)
 
 generate: setup ## regenerate every committed generated file (dashboards, chart tables, examples, schema limits, README quotes, patch manifest)
 	@$(PY) -m dflash_ops.generate

@@ -117,8 +117,10 @@ class _Stranger(BaseHTTPRequestHandler):
         pass
 
 
-def _claim_free_default_ports(servers: list[ThreadingHTTPServer]) -> None:
-    for port in DEFAULT_PORTS:
+def _claim_free_default_ports(
+    servers: list[ThreadingHTTPServer], ports: tuple[int, ...] = DEFAULT_PORTS
+) -> None:
+    for port in ports:
         try:
             server = ThreadingHTTPServer(("127.0.0.1", port), _Stranger)
         except OSError:

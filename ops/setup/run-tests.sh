@@ -24,8 +24,16 @@ PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest --duration
 pass2_pid=$!
 trap 'kill "$pass2_pid" 2>/dev/null; exit 130' INT TERM
 
-echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)"
-.venv/bin/python -m pytest --durations=30 "$@"
+# PASS1_WORKERS=N spreads pass 1 over N pytest-xdist workers (`make check` sets 2: its tests
+# start no engine and mostly wait on subprocesses and sockets); unset, pass 1 runs in one process,
+# as `make test` and CI run it.
+workers=()
+if [[ -n "${PASS1_WORKERS:-}" ]]; then
+    workers=(-n "$PASS1_WORKERS")
+fi
+echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)" \
+    "${PASS1_WORKERS:+on $PASS1_WORKERS workers}"
+.venv/bin/python -m pytest --durations=30 "${workers[@]}" "$@"
 pass1=$?
 pass1_s=$((SECONDS - start))
 echo "==> pytest pass 1 $([ $pass1 -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
