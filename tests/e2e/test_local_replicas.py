@@ -141,9 +141,12 @@ def test_the_benchmark_through_the_router_sums_the_replicas(
     (level,) = json.loads((out / "results.json").read_text())["levels"]
     assert level["failures"] == {}
     share = level["replica_share"]
+    # Each replica's share of the requests, from its own finished-requests counter: together
+    # they are every request. How cache_aware places the 8 prefix groups depends on when each
+    # engine's cache and the router's view of it are updated (two fresh .ci/runs of one commit:
+    # once spread, once all 48 on one replica), so no split is asserted.
     assert set(share) == set(replicas.engines)
-    # cache_aware spreads the 8 prefix groups over both replicas.
-    assert min(share.values()) > 0.1, share
+    assert sum(share.values()) == pytest.approx(1.0), share
     # 8 groups of 6 requests: after each group's first request its prefix is cached on the
     # replica the router sends the group to.
     assert level["prefix_cache"]["hit_rate"] > 0.5, level["prefix_cache"]
