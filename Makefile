@@ -43,8 +43,11 @@ typecheck: setup ## mypy (strict) on service/ and ops/
 	@echo "==> mypy"
 	@t=$$SECONDS; $(VENV)/bin/mypy || exit 1; echo "==> mypy took $$((SECONDS - t)) s"; printf 'types\t%s\n' $$((SECONDS - t)) >> $(PHASES)
 
+# Pass 1 of `make test` on TEST_WORKERS pytest-xdist workers (0: in one process).
+TEST_WORKERS ?= 2
+
 test: phases-reset lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
-	@bash ops/setup/run-tests.sh $(PYTEST_ARGS)
+	@PASS1_WORKERS=$(TEST_WORKERS) bash ops/setup/run-tests.sh --engines-together $(PYTEST_ARGS)
 
 # The quick loop: every test that starts no vLLM engine (e2e) and builds or runs no image
 # (tests/docker); both environments, as `make test` runs them, pass 1 on two xdist workers.

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import xdist_scheduling
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The podman fixtures (images, container) serve tests/docker and the e2e sidecar-image test.
 pytest_plugins = ["tests.docker.podman"]
@@ -42,6 +44,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--heavy-images",
         action="store_true",
         help="also build and run the CPU local-stack image (4 GB, several minutes)",
+    )
+    parser.addoption(
+        "--engines-together",
+        action="store_true",
+        help="with pytest-xdist (-n N): one module per worker at a time, the modules sharing "
+        "the local stack together, engine tests first (tests/xdist_scheduling.py)",
     )
 
 
@@ -72,6 +80,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    if config.getoption("--engines-together"):
+        xdist_scheduling.check_shared_stack_modules(items)
+        if hasattr(config, "workerinput"):  # a pytest-xdist worker
+            xdist_scheduling.engines_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (both environments have it)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if not config.getoption("--engines-together"):
+        return None
+    return xdist_scheduling.EnginesTogether(config, log)
 
 
 def find_tool(name: str) -> str:

@@ -24,11 +24,11 @@ PYTEST_DEBUG_TEMPROOT="$pass2_tmp" .venv-vllm033/bin/python -m pytest --duration
 pass2_pid=$!
 trap 'kill "$pass2_pid" 2>/dev/null; exit 130' INT TERM
 
-# PASS1_WORKERS=N spreads pass 1 over N pytest-xdist workers (`make check` sets 2: its tests
-# start no engine and mostly wait on subprocesses and sockets); unset, pass 1 runs in one process,
-# as `make test` and CI run it.
+# PASS1_WORKERS=N spreads pass 1 over N pytest-xdist workers (`make test` and `make check` set
+# 2; `make test` adds --engines-together: a module per worker at a time, the modules sharing the
+# local stack together, engine tests first). Unset or 0, pass 1 runs in one process.
 workers=()
-if [[ -n "${PASS1_WORKERS:-}" ]]; then
+if [[ -n "${PASS1_WORKERS:-}" && "${PASS1_WORKERS}" != 0 ]]; then
     workers=(-n "$PASS1_WORKERS")
 fi
 echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)" \
