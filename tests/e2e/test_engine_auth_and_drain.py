@@ -72,7 +72,7 @@ def start_engine(work: Path, models_dir: Path, shutdown_timeout: int, key: str |
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(config.target_dir.resolve()), "--served-model-name", SERVED,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "2048", "--enforce-eager",
+        "--max-model-len", "8192", "--enforce-eager",
         "--shutdown-timeout", str(shutdown_timeout),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -236,7 +236,7 @@ def stream_through_sigterm(engine: Engine, max_tokens: int) -> tuple[str | None,
                     finish = choice.get("finish_reason") or finish
                 if event.get("usage"):
                     tokens = int(event["usage"]["completion_tokens"])
-                if chunks == 5 and signalled_at is None:
+                if chunks == 2 and signalled_at is None:
                     engine.process.send_signal(signal.SIGTERM)
                     signalled_at = time.monotonic()
     except httpx.HTTPError:
@@ -251,7 +251,11 @@ def test_sigterm_mid_stream_drains_with_the_charts_timeout(
 ) -> None:
     timeout = chart_shutdown_timeout() if mode == "chart" else 0
     engine = start_engine(tmp_path, models_dir, timeout, key=None)
-    max_tokens = 1500
+    # Long enough that the engine is still generating when the client has seen two chunks,
+    # however late the API server and the client get the CPU (8,000 tokens: 18 s here idle).
+    # With 1,500 (3.4 s) a loaded machine once had the engine core finish before the client
+    # read its fifth chunk: the SIGTERM found nothing in flight, so nothing was drained or cut.
+    max_tokens = 8000
     try:
         finish, tokens, after = stream_through_sigterm(engine, max_tokens)
         engine.process.wait(timeout=timeout + 60)
@@ -259,10 +263,12 @@ def test_sigterm_mid_stream_drains_with_the_charts_timeout(
         engine.stop()
     log = engine.log.read_text(errors="replace")
     if mode == "chart":
+        assert "draining in-flight requests count=1" in log, log[-3000:]
         assert finish == "length" and tokens == max_tokens, (finish, tokens, log[-2000:])
         assert "mode=drain" in log
         assert engine.process.returncode is not None
     else:
         # The failure the chart's flag prevents: vLLM aborts the request on SIGTERM.
+        assert "aborting in-flight requests count=1" in log, log[-3000:]
         assert not (finish == "length" and tokens == max_tokens), (finish, tokens, after)
         assert "mode=abort" in log
