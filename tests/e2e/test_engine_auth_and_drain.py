@@ -254,7 +254,8 @@ def test_sigterm_mid_stream_drains_with_the_charts_timeout(
     # Long enough that the engine is still generating when the client has seen two chunks,
     # however late the API server and the client get the CPU (8,000 tokens: 18 s here idle).
     # With 1,500 (3.4 s) a loaded machine once had the engine core finish before the client
-    # read its fifth chunk: the SIGTERM found nothing in flight, so nothing was drained or cut.
+    # read its fifth chunk: the SIGTERM found nothing in flight, so the chart's mode passed
+    # without draining anything and vLLM's default had nothing to abort.
     max_tokens = 8000
     try:
         finish, tokens, after = stream_through_sigterm(engine, max_tokens)
@@ -268,7 +269,7 @@ def test_sigterm_mid_stream_drains_with_the_charts_timeout(
         assert "mode=drain" in log
         assert engine.process.returncode is not None
     else:
-        # The failure the chart's flag prevents: vLLM aborts the request on SIGTERM.
-        assert "aborting in-flight requests count=1" in log, log[-3000:]
+        # The failure the chart's flag prevents: vLLM aborts the request on SIGTERM. (Whether
+        # the engine core logs the abort before the API server kills it is a race: not read.)
         assert not (finish == "length" and tokens == max_tokens), (finish, tokens, after)
         assert "mode=abort" in log
