@@ -236,7 +236,7 @@ def stream_through_sigterm(engine: Engine, max_tokens: int) -> tuple[str | None,
                     finish = choice.get("finish_reason") or finish
                 if event.get("usage"):
                     tokens = int(event["usage"]["completion_tokens"])
-                if chunks == 2 and signalled_at is None:
+                if chunks == 1 and signalled_at is None:
                     engine.process.send_signal(signal.SIGTERM)
                     signalled_at = time.monotonic()
     except httpx.HTTPError:
@@ -251,7 +251,7 @@ def test_sigterm_mid_stream_drains_with_the_charts_timeout(
 ) -> None:
     timeout = chart_shutdown_timeout() if mode == "chart" else 0
     engine = start_engine(tmp_path, models_dir, timeout, key=None)
-    # Long enough that the engine is still generating when the client has seen two chunks,
+    # Long enough that the engine is still generating when the client has seen its first chunk,
     # however late the API server and the client get the CPU (8,000 tokens: 18 s here idle).
     # With 1,500 (3.4 s) a loaded machine once had the engine core finish before the client
     # read its fifth chunk: the SIGTERM found nothing in flight, so the chart's mode passed
