@@ -32,7 +32,7 @@ if [[ -n "${PASS1_WORKERS:-}" && "${PASS1_WORKERS}" != 0 ]]; then
     workers=(-n "$PASS1_WORKERS")
 fi
 echo "==> pytest pass 1 (.venv: project, vLLM CPU engine, helm, prometheus, podman)" \
-    "${PASS1_WORKERS:+on $PASS1_WORKERS workers}"
+    "${workers[*]:+on $PASS1_WORKERS workers}"
 .venv/bin/python -m pytest --durations=30 "${workers[@]}" "$@"
 pass1=$?
 pass1_s=$((SECONDS - start))
