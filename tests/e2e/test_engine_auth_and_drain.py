@@ -27,12 +27,14 @@ import httpx
 import pytest
 from dflash_ops.chart.helm import engine_args_in_render, helm_template
 from dflash_ops.local import stack
+from dflash_ops.local.tiny_model import TinyModelSpec
 from dflash_ops.loopback import free_port
 
 pytestmark = pytest.mark.e2e
 
 KEY = "sk-test-9f1c2b"  # what the Secret holds
 SERVED = "tiny"
+TINY_MAX_POSITIONS = TinyModelSpec().max_position_embeddings
 
 
 def chart_shutdown_timeout() -> int:
@@ -63,7 +65,13 @@ class Engine:
             self.process.wait(timeout=30)
 
 
-def start_engine(work: Path, models_dir: Path, shutdown_timeout: int, key: str | None) -> Engine:
+def start_engine(
+    work: Path,
+    models_dir: Path,
+    shutdown_timeout: int,
+    key: str | None,
+    max_model_len: int = 8192,
+) -> Engine:
     (work / "models").symlink_to(models_dir)
     config = stack.StackConfig(state_dir=work, method="off")
     stack.ensure_models(config)
@@ -72,10 +80,13 @@ def start_engine(work: Path, models_dir: Path, shutdown_timeout: int, key: str |
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(config.target_dir.resolve()), "--served-model-name", SERVED,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "8192", "--enforce-eager",
+        "--max-model-len", str(max_model_len), "--enforce-eager",
         "--shutdown-timeout", str(shutdown_timeout),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if max_model_len > TINY_MAX_POSITIONS:
+        # The tiny model's RoPE computes any position; vLLM asks for consent past its config's.
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     env.pop("VLLM_API_KEY", None)
     if key is not None:
         env["VLLM_API_KEY"] = key
@@ -249,14 +260,20 @@ def stream_through_sigterm(engine: Engine, max_tokens: int) -> tuple[str | None,
 def test_sigterm_mid_stream_drains_with_the_charts_timeout(
     tmp_path: Path, models_dir: Path, mode: str
 ) -> None:
-    timeout = chart_shutdown_timeout() if mode == "chart" else 0
-    engine = start_engine(tmp_path, models_dir, timeout, key=None)
     # Long enough that the engine is still generating when the client has seen its first chunk,
-    # however late the API server and the client get the CPU (8,000 tokens: 18 s here idle).
-    # With 1,500 (3.4 s) a loaded machine once had the engine core finish before the client
-    # read its fifth chunk: the SIGTERM found nothing in flight, so the chart's mode passed
-    # without draining anything and vLLM's default had nothing to abort.
-    max_tokens = 8000
+    # however late the API server and the client get the CPU. With 1,500 tokens (3.4 s here
+    # idle) a loaded machine once had the engine core finish before the client read its fifth
+    # chunk: the SIGTERM found nothing in flight, so the chart's mode passed without draining
+    # anything and vLLM's default had nothing to abort. The chart's mode must drain the whole
+    # stream within its timeout: 8,000 tokens (45 s here idle, the log says it found the request
+    # in flight). vLLM's default cuts the stream, so its request can be as long as the KV cache
+    # allows at no cost: 120,000 tokens, several minutes of generation (8,000 once finished
+    # under stress-ng on both cores before the client had read its second chunk).
+    if mode == "chart":
+        timeout, max_model_len, max_tokens = chart_shutdown_timeout(), TINY_MAX_POSITIONS, 8000
+    else:
+        timeout, max_model_len, max_tokens = 0, 131072, 120000
+    engine = start_engine(tmp_path, models_dir, timeout, key=None, max_model_len=max_model_len)
     try:
         finish, tokens, after = stream_through_sigterm(engine, max_tokens)
         engine.process.wait(timeout=timeout + 60)

@@ -50,6 +50,22 @@ def query(prometheus: str, expr: str) -> list[dict]:  # type: ignore[type-arg]
     return body["data"]["result"]  # type: ignore[no-any-return]
 
 
+def rule_diagnosis(prometheus: str, names: list[str]) -> str:
+    """For each recording rule in `names`: its health and last error as Prometheus evaluated it,
+    and the latest sample of every series its expression reads (what a failure needs to show)."""
+    with urllib.request.urlopen(f"{prometheus}/api/v1/rules?type=record", timeout=30) as reply:
+        groups = json.load(reply)["data"]["groups"]
+    lines = []
+    for rule in (rule for group in groups for rule in group["rules"]):
+        if rule["name"] not in names:
+            continue
+        lines.append(f"{rule['name']}: health {rule['health']} {rule.get('lastError', '')}")
+        for name in sorted(metric_names(rule["query"])):
+            samples = [(r["metric"], r["value"][1]) for r in query(prometheus, name)]
+            lines.append(f"  {name}: {samples}")
+    return "\n".join(lines)
+
+
 def missing_metrics(prometheus: str, expr: str) -> set[str]:
     """Metric names in `expr` with no series in Prometheus (a misspelling shows up here)."""
     return {
@@ -206,7 +222,10 @@ def prometheus_under_load(
 
     missing = asyncio.run(load(20, 150))
     # p95 latencies need histogram samples in the window; all are present under load.
-    assert not missing, f"recording rules without series after 150 s of load: {missing}"
+    assert not missing, (
+        f"recording rules without series after 150 s of load: {missing}\n"
+        + rule_diagnosis(operator_prometheus, missing)
+    )
     return operator_prometheus
 
 
