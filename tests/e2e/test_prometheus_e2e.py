@@ -196,10 +196,10 @@ def prometheus_under_load(
         done = asyncio.Event()
         try:
 
-            async def worker(i: int) -> None:
+            async def worker(i: int, max_tokens: int) -> None:
                 while not done.is_set():
                     messages = [{"role": "user", "content": f"Count to ten, take {i}."}]
-                    record = await endpoint.stream_chat("tiny", messages, 32)
+                    record = await endpoint.stream_chat("tiny", messages, max_tokens)
                     assert record.ok, record
 
             async def watch() -> None:
@@ -215,7 +215,16 @@ def prometheus_under_load(
                         break
                 done.set()
 
-            await asyncio.gather(watch(), *(worker(i) for i in range(3)))
+            # Short requests for the latency histograms, and one long one at a time so that a
+            # request is running whenever Prometheus scrapes. vLLM sets num_requests_running
+            # after each engine step, requests that step finished already removed, and not
+            # between steps: after a short request it reads 0 until the next one's first step.
+            # A machine loaded enough that the engine waits on the API server can have every
+            # scrape land between requests, and the per-running-request rule, which divides by
+            # the gauge's average, then has no series (the likely cause of its two failures
+            # under stress-ng on two workers).
+            workers = [worker(0, 1536)] + [worker(i, 32) for i in range(1, 3)]
+            await asyncio.gather(watch(), *workers)
         finally:
             await endpoint.aclose()
         return missing
