@@ -70,7 +70,7 @@ def start_engine(
     models_dir: Path,
     shutdown_timeout: int,
     key: str | None,
-    max_model_len: int = 8192,
+    max_model_len: int = TINY_MAX_POSITIONS,
 ) -> Engine:
     (work / "models").symlink_to(models_dir)
     config = stack.StackConfig(state_dir=work, method="off")
