@@ -10,12 +10,18 @@
   superset of the real routes (extra paths only make the probe stricter), and a test checks
   that the admin routes the issue names are among them.
 
+vLLM's tables are kept in .cache/route-tables, keyed by this file and by the name, size and
+modification time of every file of the environment's vllm package: building them imports vLLM
+and its app four times (10 s per environment idle, half a minute with both cores busy), and an
+environment's tables change only when its vLLM or this file does.
+
     python -m tests.e2e.route_tables   # prints vLLM's table of this environment as JSON
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -53,10 +59,45 @@ def _vllm_table() -> dict[str, list[str]]:
     return {path: sorted(methods) for path, methods in sorted(seen.items())}
 
 
+CACHE = REPO / ".cache" / "route-tables"
+
+
+def cache_key(python: Path) -> str | None:
+    """What the tables of `python`'s environment depend on: this file and every file of its vllm
+    package (name, size, modification time); None where the package is not found."""
+    packages = sorted(python.parent.parent.glob("lib/python*/site-packages/vllm"))
+    if not packages:
+        return None
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(str(python).encode())
+    for root, dirs, files in os.walk(packages[-1]):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            stat = os.stat(os.path.join(root, name))
+            digest.update(f"{root}/{name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
 @functools.cache
-def vllm_routes(python: Path) -> dict[str, list[str]]:
+def vllm_routes(python: Path, cache: Path = CACHE) -> dict[str, list[str]]:
     """vLLM's routes (path -> methods) as the vLLM of `python`'s environment registers them
-    (read once per environment in a session: building vLLM's app takes seconds)."""
+    (built once per environment and vLLM install: see the module doc)."""
+    key = cache_key(python)
+    kept = cache / f"{key}.json"
+    if key is not None and kept.is_file():
+        table: dict[str, list[str]] = json.loads(kept.read_text())
+        return table
+    table = build_vllm_routes(python)
+    if key is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")  # two workers may write at once
+        partial.write_text(json.dumps(table))
+        partial.replace(kept)
+    return table
+
+
+def build_vllm_routes(python: Path) -> dict[str, list[str]]:
+    """vLLM's routes, read from the app `python`'s vLLM builds (in a subprocess: seconds)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [str(python), "-m", "tests.e2e.route_tables"],
