@@ -243,6 +243,11 @@ def test_a_killed_api_server_is_noticed_cleaned_up_and_restarted(
     assert supervisor.group_members(engine) == []
     assert next(p.pid for p in restarted.processes if p.name == "sidecar") == sidecar_pid
     eventually(lambda: get_json(f"{sidecar}/readyz")["ready"], 900, "readiness after the restart")
+    # The restart is the session's second compiled start of this engine: vLLM's compile path
+    # took no cache it cannot load back (stack.engine_env).
+    log = Path(engine.log).read_text(errors="replace")
+    assert "Enforce eager set" not in log and "Warming up model for the compilation" in log
+    assert "load failure" not in log, log[-3000:]
 
 
 def test_draft_quality_moves_acceptance(

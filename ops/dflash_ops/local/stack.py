@@ -543,6 +543,19 @@ class Component:
     other_ports: tuple[tuple[int, str, str], ...] = ()
 
 
+def engine_env(config: StackConfig) -> dict[str, str]:
+    """The engine's environment beside the caller's. The CPU engine's vLLM (0.32.0 on torch 2.13)
+    saves each compiled model to its AOT compile cache and cannot load it back ("Compiling
+    model again due to a load failure ... 'function' object has no attribute
+    'finalize_loading'"), so every compiled start compiled again: 6 s more than vLLM's
+    non-AOT path here idle, twice that with both cores busy, the same decode speed. The
+    caller's own VLLM_USE_AOT_COMPILE is kept."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
+    if "VLLM_USE_AOT_COMPILE" not in os.environ:
+        env["VLLM_USE_AOT_COMPILE"] = "0"
+    return env
+
+
 def _components(config: StackConfig) -> list[Component]:
     engine_flag = "--replica-base-port" if config.routed else "--engine-port"
     engine_urls = [f"http://127.0.0.1:{config.engine_port_of(i)}" for i in range(config.replicas)]
@@ -555,7 +568,7 @@ def _components(config: StackConfig) -> list[Component]:
             config.vllm_port_of(i),
             "--door-base-port" if config.auth else engine_flag,
             config.engine_timeout_s,
-            env={"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)},
+            env=engine_env(config),
             cwd=config.models_dir,  # engine_argv names the draft relative to it
         )
         for i in range(config.replicas)

@@ -110,6 +110,20 @@ def test_the_draft_path_never_names_another_speculative_method(tmp_path: Path) -
     assert (config.models_dir / spec["model"]).resolve() == config.draft_dir.resolve()
 
 
+def test_the_engine_skips_vllms_aot_compile_cache_unless_the_caller_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU engine's vLLM cannot load its AOT compile cache back (stack.engine_env); the
+    real engine's log is tests/e2e/test_local_stack.py's."""
+    config = stack.StackConfig(state_dir=tmp_path, kv_cache_gib=3)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert stack.engine_env(config) == {
+        "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_USE_AOT_COMPILE": "0"
+    }  # fmt: skip
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert stack.engine_env(config) == {"VLLM_CPU_KVCACHE_SPACE": "3"}  # the caller's stays
+
+
 def test_too_little_shared_memory_names_the_container_flag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
