@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -375,18 +375,31 @@ class Outcome:
 
 
 async def drive(
-    router: str, key: str, seconds: float, on_start: float, kill: object
+    router: str,
+    key: str,
+    seconds: float,
+    on_start: float,
+    kill: object,
+    ejected: Callable[[], bool] | None = None,
 ) -> list[Outcome]:
     """Four clients streaming chats through the router for `seconds`; `kill()` runs at
-    `on_start` seconds and returns when the replica is dead."""
+    `on_start` seconds and returns when the replica is dead. With `ejected` (the router took
+    the dead replica out of rotation), the clients stop sooner: once it holds and 20 requests
+    started after that were served."""
     endpoint = Endpoint(router, api_key=key)
     prompts = build("shared-prefix", 400, 80, 11, 8)
     outcomes: list[Outcome] = []
     stop_at = time.monotonic() + seconds
+    ejected_at: list[float] = []
+
+    def served_enough() -> bool:
+        if not ejected_at:
+            return False
+        return len([o for o in outcomes if o.ok and o.started > ejected_at[0]]) >= 20
 
     async def client(offset: int) -> None:
         i = offset
-        while time.monotonic() < stop_at:
+        while time.monotonic() < stop_at and not served_enough():
             started = time.monotonic()
             record = await endpoint.stream_chat("tiny", prompts[i % len(prompts)].messages, 24)
             outcomes.append(Outcome(started, time.monotonic(), record.ok, record.error))
@@ -395,6 +408,11 @@ async def drive(
     async def killer() -> None:
         await asyncio.sleep(on_start)
         await asyncio.to_thread(kill)  # type: ignore[arg-type]
+        while ejected is not None and time.monotonic() < stop_at:
+            if await asyncio.to_thread(ejected):
+                ejected_at.append(time.monotonic())
+                return
+            await asyncio.sleep(0.5)
 
     try:
         await asyncio.gather(*(client(i) for i in range(4)), killer())
@@ -414,7 +432,11 @@ def test_a_replica_killed_mid_run_fails_only_its_requests_in_flight(replicas: Re
         killed_at.append(time.monotonic())
         os.killpg(victim.pid, signal.SIGKILL)  # the API server, its engine core and workers
 
-    outcomes = asyncio.run(drive(replicas.router, replicas.key, 25.0, 6.0, kill))
+    def ejected() -> bool:
+        return replicas.gauge("vllm_router_worker_health", dead_url) == 0.0
+
+    # Through the router's ejection of the dead replica and 20 requests after it, at most 60 s.
+    outcomes = asyncio.run(drive(replicas.router, replicas.key, 60.0, 6.0, kill, ejected))
     (at,) = killed_at
     in_flight = [o for o in outcomes if o.started < at < o.ended]
     failed = [o for o in outcomes if not o.ok]
