@@ -87,6 +87,13 @@ def test_the_stack_modules_run_on_one_worker_and_every_module_stays_whole(seed: 
     # The shared stack's unit is the first a worker gets: the longest unit starts first.
     stack_worker = next(iter(on[STACK[0]]))
     assert xdist_scheduling.module_of(ran[stack_worker][0]) in xdist_scheduling.SHARED_STACK_MODULES
+    # ...and its tests run one after another, so the worker stops the stack after the last of
+    # them (tests/e2e/conftest.py): no test of the unit comes after one from outside it.
+    shared = [
+        xdist_scheduling.module_of(t) in xdist_scheduling.SHARED_STACK_MODULES
+        for t in ran[stack_worker]
+    ]
+    assert shared == sorted(shared, reverse=True), ran[stack_worker]
 
 
 def test_the_suites_modules_that_use_the_local_stack_are_all_listed() -> None:
@@ -118,6 +125,18 @@ def test_an_unlisted_module_using_the_stack_is_named_with_the_fix() -> None:
         "SHARED_STACK_MODULES in tests/xdist_scheduling.py"
     )
     xdist_scheduling.check_shared_stack_modules(items[::2])  # type: ignore[arg-type]
+
+
+def test_a_worker_leaves_the_shared_stack_at_the_first_test_outside_its_unit() -> None:
+    def item(nodeid: str) -> pytest.Item:
+        return Item(nodeid, [])  # type: ignore[return-value]
+
+    leaves = xdist_scheduling.leaves_the_shared_stack
+    assert not leaves(item(f"{STACK[0]}::test_a"))
+    assert not leaves(item(f"{STACK[-1]}::test_b[param]"))
+    assert leaves(item("tests/e2e/test_bench_sweep.py::test_a"))
+    assert leaves(item("tests/ops/test_quick.py::test_a"))
+    assert leaves(None)  # the worker's last test
 
 
 @dataclass

@@ -36,6 +36,13 @@ def unit_of(nodeid: str) -> str:
     return SHARED_STACK_UNIT if module in SHARED_STACK_MODULES else module
 
 
+def leaves_the_shared_stack(nextitem: pytest.Item | None) -> bool:
+    """Whether a worker that just ran a test of the shared stack's unit is done with the stack:
+    the unit's tests run together (one batch, in collection order), so the next test outside
+    it (or none) means no test of this worker will use the stack again."""
+    return nextitem is None or module_of(nextitem.nodeid) not in SHARED_STACK_MODULES
+
+
 def check_shared_stack_modules(items: list[pytest.Item]) -> None:
     """A module that uses the local stack but is not listed would start a second stack."""
     unlisted = sorted(
