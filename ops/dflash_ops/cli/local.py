@@ -110,7 +110,8 @@ def register(subparsers: Any) -> None:
     up.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="vLLM without torch.compile: starts about 10 s sooner, decodes about half as fast",
+        help="vLLM without torch.compile: decodes about half as fast and starts about as fast "
+        "(engine init 3 s against 4.5 s compiled, here)",
     )
     up.add_argument(
         "--api-key",
