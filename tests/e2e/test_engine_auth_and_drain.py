@@ -4,9 +4,10 @@ Auth: the engine started with VLLM_API_KEY (what auth.apiKeySecret gives it); th
 the same key is ready, without it names the 401 and the fix; bench with the key measures,
 without it stops with the fix; the key shows nowhere in what the sidecar serves or logs.
 
-Drain: the engine started with the chart's --shutdown-timeout gets SIGTERM in the middle of a
-stream (what the kubelet sends after the preStop hook); the stream finishes. With vLLM's
-default (0, abort) the same stream is cut, which is what the chart's flag prevents.
+Drain: the engine started with the chart's --shutdown-timeout gets SIGTERM while a stream's
+request is in its engine core (what the kubelet sends after the preStop hook); the stream
+finishes. With vLLM's default (0, abort) the same stream is cut, which is what the chart's flag
+prevents.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from dflash_ops.chart.helm import engine_args_in_render, helm_template
 from dflash_ops.local import stack
 from dflash_ops.local.tiny_model import TinyModelSpec
 from dflash_ops.loopback import free_port
+
+from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -217,63 +220,35 @@ def test_bench_sends_the_key_and_says_what_is_missing(keyed_engine: Engine, tmp_
 def stream_through_sigterm(
     engine: Engine, max_tokens: int, cut_after_s: float
 ) -> tuple[str | None, int, float]:
-    """Stream a completion; SIGTERM the engine after the first tokens arrived. Returns the
-    finish reason, the completion tokens received and how long the stream ran after SIGTERM;
-    `cut_after_s` without a chunk counts as the stream cut."""
-    payload = {
-        "model": SERVED,
-        "prompt": "Count on:",
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    finish, tokens, chunks, signalled_at = None, 0, 0, None
-    try:
-        # A draining engine streams a chunk per step, so a long quiet means the stream was cut:
-        # vLLM's default (abort) leaves the connection open without sending anything, and
-        # waiting for the whole 300 s cost CI five minutes.
-        with httpx.stream(
-            "POST",
-            engine.url + "/v1/completions",
-            json=payload,
-            timeout=httpx.Timeout(300, read=cut_after_s),
-        ) as reply:
-            assert reply.status_code == 200
-            for line in reply.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                for choice in event.get("choices", []):
-                    chunks += 1
-                    finish = choice.get("finish_reason") or finish
-                if event.get("usage"):
-                    tokens = int(event["usage"]["completion_tokens"])
-                if chunks == 1 and signalled_at is None:
-                    engine.process.send_signal(signal.SIGTERM)
-                    signalled_at = time.monotonic()
-    except httpx.HTTPError:
-        pass  # the connection was cut
-    assert signalled_at is not None, "the stream ended before SIGTERM could be sent"
-    return finish, tokens, time.monotonic() - signalled_at
+    """Stream a completion; SIGTERM the engine at the first chunk. Returns the finish reason,
+    the completion tokens received and how long the stream ran after SIGTERM; `cut_after_s`
+    without a chunk counts as the stream cut. The client is a process in a session of its own
+    (tests/e2e/drain_client.py says why)."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tests.e2e.drain_client", engine.url, str(engine.process.pid),
+            "--model", SERVED, "--max-tokens", str(max_tokens),
+            "--cut-after-s", str(cut_after_s),
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, start_new_session=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    return result["finish"], int(result["tokens"]), float(result["after_s"])
 
 
 @pytest.mark.parametrize("mode", ["chart", "vllm-default"])
 def test_sigterm_mid_stream_drains_with_the_charts_timeout(
     tmp_path: Path, models_dir: Path, mode: str
 ) -> None:
-    # Long enough that the engine is still generating when the client has seen its first chunk,
-    # however late the API server and the client get the CPU. With 1,500 tokens (3.4 s here
-    # idle) a loaded machine once had the engine core finish before the client read its fifth
-    # chunk: the SIGTERM found nothing in flight, so the chart's mode passed without draining
-    # anything and vLLM's default had nothing to abort. The chart's mode must drain the whole
-    # stream within its timeout: 8,000 tokens (45 s here idle, the log says it found the request
-    # in flight). vLLM's default cuts the stream, so its request can be as long as the KV cache
-    # allows at no cost: 120,000 tokens, several minutes of generation (8,000 once finished
-    # under stress-ng on both cores before the client had read its second chunk).
-    # A draining stream is cut only after 30 s without a chunk (a loaded machine may hold the
-    # API server back for seconds); vLLM's default is expected to cut it, so 5 s tell.
+    # The request must outlast the way from its first chunk to the SIGTERM reaching the engine
+    # core: with 1,500 tokens a loaded machine once had the engine core finish before the client
+    # read its fifth chunk (and with 8,000 a client in the test's session, see drain_client).
+    # The chart's mode must drain all of it within its timeout: 8,000 tokens (16 s at 500 tok/s
+    # here idle). vLLM's default cuts the stream, so its request can be as long as the KV cache
+    # allows at no cost: 120,000 tokens, minutes of generation. A draining stream counts as cut
+    # only after 30 s without a chunk (a loaded machine may hold the API server back for
+    # seconds); vLLM's default is expected to cut it, so 5 s tell.
     if mode == "chart":
         timeout, max_model_len, max_tokens = chart_shutdown_timeout(), TINY_MAX_POSITIONS, 8000
         cut_after_s = 30.0
