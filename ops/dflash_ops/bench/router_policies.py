@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -185,21 +186,30 @@ def measure(
     dirs = [state_root / f"replica-{i}" for i in range(replicas)]
     runs: list[PolicyRun] = []
     kv_sources: list[str] = []
+    # The replicas start together (each start is its own imports, model load and compile), the
+    # models they share built first.
+    starting = ThreadPoolExecutor(max_workers=replicas)
     try:
-        engines = []
-        for i, state_dir in enumerate(dirs):
+        configs, events_ports = [], []
+        for state_dir in dirs:
             state_dir.mkdir(exist_ok=True)
             if not (state_dir / "models").exists():
                 (state_dir / "models").symlink_to(models.resolve())
-            say(f"starting replica {i + 1}/{replicas}")
             events = free_port() if "kv_aware" in policies else None
-            state = stack.up(
+            events_ports.append(events)
+            configs.append(
                 stack.StackConfig(
                     state_dir=state_dir, engine_port=free_port(), sidecar_port=free_port(),
                     method="off", prometheus=False, enforce_eager=enforce_eager,
                     scale_out=scale_out, kv_events_port=events,
                 )
             )  # fmt: skip
+        stack.ensure_models(configs[0])
+        say(f"starting {replicas} replicas")
+        started = [starting.submit(stack.up, config) for config in configs]
+        engines = []
+        for future, events in zip(started, events_ports, strict=True):
+            state = future.result()
             engines.append(next(p.url for p in state.processes if p.name == "engine"))
             if events is not None:
                 kv_sources.append(f"--kv-event-source={engines[-1]}=tcp://127.0.0.1:{events}")
@@ -228,6 +238,11 @@ def measure(
                     one_run(policy, router.url, engines, settings(seed), concurrency, router)
                 )
     finally:
+        for state_dir in dirs:
+            stack.down(state_dir, quiet=True)
+        # A replica still starting (another failed, or Ctrl-C) sees its engine stopped and
+        # returns; what one spawned after the first stop is stopped once they all returned.
+        starting.shutdown(wait=True, cancel_futures=True)
         for state_dir in dirs:
             stack.down(state_dir, quiet=True)
     return RouterPolicyReport(

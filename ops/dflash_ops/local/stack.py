@@ -710,12 +710,30 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
             for port, what, flag in component.other_ports:
                 check_port_free(config.host, port, what, flag)
     ensure_models(config)  # nothing is built for a stack that cannot start
+    # The engines start together: each spends its start on its own imports, model load and
+    # compile, and nothing of it waits for another engine. What comes after them (doors,
+    # sidecars, router, Prometheus) starts one by one once the engines are ready.
+    starting_engines: list[tuple[Component, ProcessRecord, float]] = []
+
+    def wait(component: Component, record: ProcessRecord, started: float) -> None:
+        wait_ready(
+            record,
+            partial(_ready, record, config.served_model),
+            component.timeout_s,
+            f"{component.name} starting",
+            started,
+        )
+
     try:
         for component in components:
             if component.name in kept:
                 state.processes.append(kept[component.name])
                 continue
-            if kind_of(component.name) == "engine":
+            is_engine = kind_of(component.name) == "engine"
+            if not is_engine:
+                while starting_engines:
+                    wait(*starting_engines.pop(0))
+            if is_engine:
                 which = f" {component.name}" if config.routed else ""
                 say(
                     f"starting the vLLM CPU engine{which} ({config.method}, "
@@ -723,6 +741,7 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
                 )
             elif component.name == "router":
                 say(f"starting vllm-router ({config.router_policy}) in front of the engines")
+            started = time.monotonic()
             record = spawn(
                 component.name,
                 component.argv,
@@ -734,12 +753,12 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
             )
             state.processes.append(record)
             _save_state(state)
-            wait_ready(
-                record,
-                partial(_ready, record, config.served_model),
-                component.timeout_s,
-                f"{component.name} starting",
-            )
+            if is_engine:
+                starting_engines.append((component, record, started))
+            else:
+                wait(component, record, started)
+        while starting_engines:
+            wait(*starting_engines.pop(0))
         _save_state(state)
     except BaseException:
         down(config.state_dir, quiet=True)

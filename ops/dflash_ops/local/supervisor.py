@@ -152,8 +152,16 @@ def spawn(
     return record
 
 
-def wait_ready(record: ProcessRecord, ready: Callable[[], bool], timeout: float, what: str) -> None:
-    started = time.monotonic()
+def wait_ready(
+    record: ProcessRecord,
+    ready: Callable[[], bool],
+    timeout: float,
+    what: str,
+    started: float | None = None,
+) -> None:
+    """Wait until `ready()`, at most `timeout` seconds after `started` (time.monotonic() of the
+    spawn; now if None), reporting every 10 s; a UserError if the process exits or times out."""
+    started = time.monotonic() if started is None else started
     last_report = 0.0
     while not ready():
         elapsed = time.monotonic() - started

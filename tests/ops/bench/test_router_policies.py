@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
-from dflash_ops.bench.router_policies import PolicyRun, RouterPolicyReport, table
+from dflash_ops.bench.router_policies import PolicyRun, RouterPolicyReport, measure, table
 from dflash_ops.cli.bench.router_policies import policy_list
+from dflash_ops.errors import UserError
+from dflash_ops.local import stack
 from dflash_ops.local.router import router_argv
+from dflash_ops.local.supervisor import ProcessRecord
 
 
 def run(policy: str, hit_rate: float | None, share: dict[str, float]) -> PolicyRun:
@@ -60,3 +65,45 @@ def test_out_must_be_a_file(tmp_path: object) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "is a directory" in done.stderr
+
+
+def test_the_replicas_start_together_and_all_stop_when_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared models are built once, then every replica's stack starts at the same time
+    (the barrier lets none through until all three are starting); one that fails stops them
+    all and its error is what the user sees."""
+    calls: list[tuple[str, str]] = []
+    together = threading.Barrier(3, timeout=20)
+
+    def fake_up(config: stack.StackConfig) -> stack.StackState:
+        calls.append(("up", config.state_dir.name))
+        together.wait()
+        if config.state_dir.name == "replica-1":
+            raise UserError("engine-1 exited while engine starting")
+        engine = ProcessRecord(
+            name="engine", pid=1, url=f"http://127.0.0.1:{config.engine_port}", log="", argv=[]
+        )
+        return stack.StackState(config=config, processes=[engine])
+
+    def fake_down(state_dir: Path, quiet: bool = False) -> list[str]:
+        calls.append(("down", state_dir.name))
+        return []
+
+    monkeypatch.setattr(
+        stack, "ensure_models", lambda config: calls.append(("models", config.state_dir.name))
+    )
+    monkeypatch.setattr(stack, "up", fake_up)
+    monkeypatch.setattr(stack, "down", fake_down)
+    with pytest.raises(UserError, match="engine-1 exited"):
+        measure(
+            tmp_path, replicas=3, policies=["round_robin"], prefix_groups=2, requests=4,
+            concurrency=1, input_len=16, max_tokens=4, enforce_eager=True,
+        )  # fmt: skip
+    assert calls[0] == ("models", "replica-0")
+    assert sorted(name for what, name in calls if what == "up") == [
+        "replica-0", "replica-1", "replica-2",
+    ]  # fmt: skip
+    assert {name for what, name in calls if what == "down"} == {
+        "replica-0", "replica-1", "replica-2",
+    }  # fmt: skip

@@ -372,3 +372,66 @@ def test_each_pair_has_its_own_models_served_name_and_dtype(tmp_path: Path) -> N
     assert stack.StackConfig(state_dir=tmp_path, models="paying", draft_noise=1).draft_dir == (
         paying.draft_dir
     )
+
+
+def test_replica_engines_start_together_and_the_rest_once_they_are_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engines are spawned one after another without waiting (each start is its own imports,
+    load and compile); the sidecars and the router start one by one once every engine is ready;
+    a failed wait stops everything spawned."""
+    events: list[str] = []
+    spawned: list[supervisor.ProcessRecord] = []
+    spawned_at: dict[str, float] = {}
+
+    def fake_spawn(
+        name: str, argv: list[str], url: str, log: Path, **_: object
+    ) -> supervisor.ProcessRecord:
+        events.append(f"spawn {name}")
+        spawned_at[name] = time.monotonic()
+        record = supervisor.spawn(name, ["sleep", "300"], url, log)
+        spawned.append(record)
+        return record
+
+    def fake_wait(
+        record: supervisor.ProcessRecord, ready: object, timeout: float, what: str, started: float
+    ) -> None:
+        # Its timeout and the time it reports count from its spawn, not from this wait.
+        assert began <= started <= spawned_at[record.name]
+        events.append(f"ready {record.name}")
+        if record.name == fail_at:
+            raise UserError(f"{record.name} not ready")
+
+    for name in ("_check_engine_installed", "_check_shared_memory", "ensure_models"):
+        monkeypatch.setattr(stack, name, lambda *a, **k: None)
+    monkeypatch.setattr(stack, "check_port_free", lambda *a, **k: None)
+    monkeypatch.setattr(stack, "spawn", fake_spawn)
+    monkeypatch.setattr(stack, "wait_ready", fake_wait)
+    fail_at = None
+    began = time.monotonic()
+    cfg = config(tmp_path, replicas=3)
+    state = stack._start(cfg, None)
+    try:
+        assert events[:6] == [
+            "spawn engine-0", "spawn engine-1", "spawn engine-2",
+            "ready engine-0", "ready engine-1", "ready engine-2",
+        ]  # fmt: skip
+        assert events[6:] == [
+            "spawn sidecar-0", "ready sidecar-0", "spawn sidecar-1", "ready sidecar-1",
+            "spawn sidecar-2", "ready sidecar-2", "spawn router", "ready router",
+        ]  # fmt: skip
+        assert [p.name for p in state.processes] == [c.name for c in stack._components(cfg)]
+    finally:
+        stack.down(tmp_path, quiet=True)
+
+    # An engine that never gets ready: everything spawned so far is stopped.
+    events.clear()
+    spawned.clear()
+    fail_at = "engine-1"
+    with pytest.raises(UserError, match="engine-1 not ready"):
+        stack._start(cfg, None)
+    assert events == [
+        "spawn engine-0", "spawn engine-1", "spawn engine-2",
+        "ready engine-0", "ready engine-1",
+    ]  # fmt: skip
+    assert len(spawned) == 3 and not any(supervisor.alive(r) for r in spawned)
