@@ -240,9 +240,10 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
         return log_path.read_text(errors="replace")
 
     try:
-        # The head alone keeps waiting (it reports every 10 s) and does not start vLLM.
+        # The head alone waits (it reports every 10 s) and does not start vLLM; that it kept
+        # waiting shows below: the worker started after this report is the one it saw join.
         deadline = time.monotonic() + 120
-        while head_log().count("waiting for the cluster: 1/2 nodes") < 2:
+        while "waiting for the cluster: 1/2 nodes" not in head_log():
             assert head.poll() is None, failure_summary(head_log())
             assert time.monotonic() < deadline, failure_summary(head_log())
             time.sleep(1)
@@ -269,7 +270,8 @@ def test_head_waits_for_the_worker_then_serves_and_notices_its_death(
             assert time.monotonic() < deadline, failure_summary(head_log())
             time.sleep(2)
         text = head_log()
-        assert text.index("2/2 nodes and 2/2 GPUs joined") < text.index("exec vllm serve")
+        waited = text.index("waiting for the cluster: 1/2 nodes")
+        assert waited < text.index("2/2 nodes and 2/2 GPUs joined") < text.index("exec vllm serve")
         request = urllib.request.Request(
             f"http://127.0.0.1:{api_port}/v1/chat/completions",
             json.dumps(
