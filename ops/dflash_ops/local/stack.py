@@ -502,10 +502,14 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
         say("interrupted: stopping what was started...")
         down(config.state_dir, quiet=True)
         say("stopped")
-        raise UserError("interrupted; nothing of the stack is left running") from None
+        raise StackInterrupted("interrupted; nothing of the stack is left running") from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class StackInterrupted(UserError):
+    """`up` was interrupted (Ctrl-C, SIGTERM, SIGHUP) and stopped what it had started."""
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -138,7 +138,12 @@ class LocalDeployer:
             engine_timeout_s=self.engine_timeout_s,
             enforce_eager=self.enforce_eager,
         )
-        state = stack.up(config)
+        try:
+            state = stack.up(config)
+        except stack.StackInterrupted:
+            # Ctrl-C while the engine starts is the sweep's interruption like any other: what
+            # was measured is kept and the same command resumes (exit 130).
+            raise KeyboardInterrupt from None
         return next(p.url for p in state.processes if p.name == "engine")
 
     def finish(self) -> None:
