@@ -47,7 +47,7 @@ typecheck: setup ## mypy (strict) on service/ and ops/
 TEST_WORKERS ?= 2
 
 test: phases-reset lint typecheck images-local ## lint, type checks, images, then the whole test suite in both environments
-	@PASS1_WORKERS=$(TEST_WORKERS) bash ops/setup/run-tests.sh --engines-together $(PYTEST_ARGS)
+	@PASS1_WORKERS=$(TEST_WORKERS) PASS2_NICE=10 bash ops/setup/run-tests.sh --engines-together $(PYTEST_ARGS)
 
 # The quick loop: every test that starts no vLLM engine (e2e) and builds or runs no image
 # (tests/docker); both environments, as `make test` runs them, pass 1 on two xdist workers.
