@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
@@ -302,9 +303,27 @@ def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
     return argv
 
 
+# The local Prometheus scrapes and evaluates every 5 s (the chart's defaults are 15 s and 30 s).
+LOCAL_PROMETHEUS_INTERVAL = "5s"
+
+
+def local_rules(config: StackConfig) -> Path:
+    """The rules files as the local Prometheus runs them: the same groups and expressions, each
+    group evaluated at the local interval. (The recording group says 30 s, the chart's: here a
+    recorded series would lag the alerts evaluated from it, every 5 s, by up to 30 s.)"""
+    out = config.state_dir / "rules"
+    out.mkdir(parents=True, exist_ok=True)
+    for source in sorted(RULES_DIR.glob("*.yaml")):
+        rules = yaml.safe_load(source.read_text())
+        for group in rules["groups"]:
+            group["interval"] = LOCAL_PROMETHEUS_INTERVAL
+        (out / source.name).write_text(yaml.safe_dump(rules, sort_keys=False, width=1000))
+    return out
+
+
 def prometheus_config(config: StackConfig) -> Path:
     """Every engine and sidecar (one pod label per replica), and the router, as the chart's
-    PodMonitors label them."""
+    PodMonitors label them; the rules files at the local interval (local_rules)."""
     path = config.state_dir / "prometheus.yml"
 
     def targets(port_of: Callable[[int], int]) -> str:
@@ -316,9 +335,10 @@ def prometheus_config(config: StackConfig) -> Path:
         )
 
     text = (
-        "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
+        f"global:\n  scrape_interval: {LOCAL_PROMETHEUS_INTERVAL}\n"
+        f"  evaluation_interval: {LOCAL_PROMETHEUS_INTERVAL}\n"
         "rule_files:\n"
-        f"  - {RULES_DIR / '*.yaml'}\n"
+        f"  - {local_rules(config) / '*.yaml'}\n"
         "scrape_configs:\n"
         "  - job_name: vllm\n    static_configs:\n"
         + targets(config.engine_port_of)

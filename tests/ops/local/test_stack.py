@@ -339,6 +339,38 @@ def test_prometheus_scrapes_every_replica_and_the_router(tmp_path: Path) -> None
     assert jobs["vllm-router"][0]["targets"] == ["127.0.0.1:29000"]
 
 
+def test_prometheus_runs_the_rules_files_at_its_own_interval(tmp_path: Path) -> None:
+    """The local Prometheus evaluates every group, the recording group included (30 s in the
+    file, the chart's), at its 5 s; every expression as the file has it, and promtool reads
+    the configuration and the rules it points at."""
+    import subprocess
+
+    import yaml
+    from dflash_ops.paths import RULES_DIR
+
+    from tests.conftest import find_tool
+
+    path = stack.prometheus_config(config(tmp_path, prometheus=True))
+    prometheus = yaml.safe_load(path.read_text())
+    assert prometheus["global"]["evaluation_interval"] == "5s"
+    [pattern] = prometheus["rule_files"]
+    copies = sorted(Path(pattern).parent.glob(Path(pattern).name))
+    sources = sorted(RULES_DIR.glob("*.yaml"))
+    assert [c.name for c in copies] == [s.name for s in sources] and sources
+    for copy, source in zip(copies, sources, strict=True):
+        ran, file = yaml.safe_load(copy.read_text()), yaml.safe_load(source.read_text())
+        assert {g["interval"] for g in ran["groups"]} == {"5s"}
+        assert "30s" in {g.get("interval") for g in file["groups"]}  # what this test is about
+        for group in file["groups"]:
+            group["interval"] = "5s"
+        assert ran == file
+    checked = subprocess.run(
+        [find_tool("promtool"), "check", "config", str(path)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout, checked.stdout
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
