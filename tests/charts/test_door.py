@@ -10,10 +10,21 @@ nginx, the NetworkPolicy controller, the API server, Helm and argparse do with t
 
 from __future__ import annotations
 
+import getpass
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from dflash_ops import door
+from dflash_ops.loopback import free_port
 
 from tests.charts.conftest import RWX, Manifests, render
 from tests.charts.consumers import Peer, ingress_allowed, pod_templates
@@ -222,3 +233,115 @@ def test_the_router_drains_like_the_engines(sets: list[str]) -> None:
     assert not pdbs  # one replica: a PDB would block every node drain
     two = render(*ROUTER, "router.replicas=2")
     assert [n for (k, n) in two if k == "PodDisruptionBudget" and n.endswith("router")]
+
+
+class ClosingUpstream:
+    """A stand-in for what the door guards, on loopback: answers every request 200 and closes a
+    connection idle for `idle_s`, as vLLM does (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s). The close is
+    held until the next request arrives on that connection and then sent as a reset: the moment
+    a loaded machine makes possible, the upstream closing while nginx reuses the connection.
+    Records when the proxy closed an idle connection itself."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.closed_by_proxy = threading.Event()
+        self.resets = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: Any) -> None:
+        with conn:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, body = data.split(b"\r\n\r\n", 1)
+                length = next(
+                    (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:")), 0,
+                )  # fmt: skip
+                while len(body) < length:
+                    body += conn.recv(65536)
+                reply = b'{"ok": true}'
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply)
+                )
+                conn.settimeout(self.idle_s)
+                try:
+                    if not conn.recv(1, socket.MSG_PEEK):
+                        self.closed_by_proxy.set()
+                        return
+                except TimeoutError:
+                    conn.settimeout(None)
+                    if conn.recv(1, socket.MSG_PEEK):  # a request on the expired connection
+                        self.resets += 1
+                        reset = struct.pack("ii", 1, 0)  # linger 0: close sends a reset
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+                    return
+                conn.settimeout(None)
+
+
+def test_the_door_closes_idle_upstream_connections_before_vllm_does(tmp_path: Path) -> None:
+    """The real nginx on the door's files in front of an upstream that closes idle connections
+    after vLLM's 5 s: the door closes its idle connection first, so a request after the
+    upstream's idle time goes out on a new one and answers 200. (With nginx's default 60 s, a
+    request could go out on a connection the upstream was closing at that moment and come back
+    502, a POST never being retried: tests/e2e/test_local_door.py, once, under load. Which of
+    nginx's two workers takes a request is not ours to choose, so the close is what is asserted.)
+    """
+    upstream = ClosingUpstream(idle_s=5.0)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "api-key").write_text("sk-door")
+    port = free_port()
+    config = door.DoorConfig(
+        role="engine",
+        listen=f"127.0.0.1:{port}",
+        upstream_port=upstream.port,
+        keys_dir=str(keys),
+        key_names=("api-key",),
+        keyed_paths=door.default_keyed_paths(),
+        timeout_s=30,
+        shutdown_timeout_s=5,
+        worker_user=getpass.getuser() if os.geteuid() == 0 else None,
+    )
+    conf = door.write_conf(config, tmp_path / "conf")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    log = (tmp_path / "door.log").open("w")
+    process = subprocess.Popen(door.nginx_argv(nginx, tmp_path, conf), stderr=log, stdout=log)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+    bearer = {"Authorization": "Bearer sk-door"}
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until nginx listens
+            assert process.poll() is None, (tmp_path / "door.log").read_text()
+            try:
+                first = httpx.post(url, json=body, headers=bearer, timeout=10)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "nginx did not listen within 30 s"
+                time.sleep(0.1)
+        assert first.status_code == 200, first.text
+        # Until the door closes its idle connection, or the upstream's idle time has passed.
+        upstream.closed_by_proxy.wait(upstream.idle_s + 1)
+        second = httpx.post(url, json=body, headers=bearer, timeout=10)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        upstream.listener.close()
+    assert upstream.closed_by_proxy.is_set(), "the door kept an idle connection past vLLM's 5 s"
+    assert second.status_code == 200, (second.status_code, (tmp_path / "door.log").read_text())
+    assert upstream.resets == 0
