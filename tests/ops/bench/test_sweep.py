@@ -392,9 +392,12 @@ def test_a_derived_schedule_needs_the_running_batch(instant_server: str, tmp_pat
     assert done.returncode == 0, done.stderr
     analysis = json.loads((out / "sweep-results.json").read_text())
     assert analysis["schedule"] is None
-    assert analysis["schedule_note"] and (
-        "running batch" in analysis["schedule_note"] or "methods" in analysis["schedule_note"]
-    )
+    # Which reason comes first depends on the instant server's timings: off may win every level
+    # (no speculation to schedule) before the missing running batch is looked at.
+    note = analysis["schedule_note"]
+    assert note and any(
+        reason in note for reason in ("running batch", "methods", "no speculation to schedule")
+    ), note
     assert "No k schedule" in (out / "recommended-values.yaml").read_text()
 
 
