@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -345,3 +347,59 @@ def test_the_door_closes_idle_upstream_connections_before_vllm_does(tmp_path: Pa
     assert upstream.closed_by_proxy.is_set(), "the door kept an idle connection past vLLM's 5 s"
     assert second.status_code == 200, (second.status_code, (tmp_path / "door.log").read_text())
     assert upstream.resets == 0
+
+
+def door_upstream_keepalive_s() -> float:
+    """The door's keepalive_timeout for its idle upstream connections, as nginx.conf says."""
+    conf = door.NGINX_CONF.read_text()
+    (seconds,) = re.findall(r"^\s*keepalive_timeout\s+(\d+)s;", conf, re.MULTILINE)
+    return float(seconds)
+
+
+def test_vllm_router_keeps_idle_connections_longer_than_the_door(tmp_path: Path) -> None:
+    """Behind the router pods' door is vllm-router, not vLLM: the real vllm-router must keep an
+    idle client connection open past the door's keepalive_timeout (else the door's 502 race
+    would remain there). A request, twice the door's idle time without a byte, and a second
+    request on the same connection answered."""
+    from dflash_ops.local.router import router_argv
+
+    idle_s = 2 * door_upstream_keepalive_s()
+    worker = ClosingUpstream(idle_s=60.0)
+    port, metrics_port = free_port(), free_port()
+    argv = router_argv([f"http://127.0.0.1:{worker.port}"], "round_robin", port, metrics_port)
+    log = (tmp_path / "router.log").open("w")
+    router = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    request = b"GET /health HTTP/1.1\r\nHost: door\r\n\r\n"
+
+    def answer(conn: socket.socket) -> bytes:
+        conn.settimeout(30)
+        reply = conn.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 "), (reply, (tmp_path / "router.log").read_text())
+        return reply
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until vllm-router listens
+            assert router.poll() is None, (tmp_path / "router.log").read_text()
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "vllm-router did not listen within 60 s"
+                time.sleep(0.1)
+        with conn:
+            conn.sendall(request)
+            answer(conn)
+            conn.settimeout(idle_s)
+            try:
+                closed = conn.recv(1) == b""
+            except TimeoutError:
+                closed = False
+            assert not closed, f"vllm-router closed a connection idle under {idle_s:g} s"
+            conn.sendall(request)
+            assert b" 200 " in answer(conn).split(b"\r\n", 1)[0]
+    finally:
+        os.killpg(router.pid, signal.SIGTERM)
+        router.wait(timeout=30)
+        log.close()
+        worker.listener.close()
