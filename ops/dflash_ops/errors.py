@@ -3,3 +3,5 @@
 
 class UserError(Exception):
     """A mistake in the user's input: printed as one line, exit status 2, no traceback."""
+
+    exit_status = 2

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except UserError as err:
         print(f"dflash-serve {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_status
     except KeyboardInterrupt:
         print(f"\ndflash-serve {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -515,25 +515,38 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
         signal.signal(sig, _interrupt)
     try:
         return _start(config, state)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         for sig in (signal.SIGINT, *handled):
             if main_thread:
                 signal.signal(sig, signal.SIG_IGN)
         say("interrupted: stopping what was started...")
         down(config.state_dir, quiet=True)
         say("stopped")
-        raise StackInterrupted("interrupted; nothing of the stack is left running") from None
+        raise StackInterrupted(_signal_of(interrupt)) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
 class StackInterrupted(UserError):
-    """`up` was interrupted (Ctrl-C, SIGTERM, SIGHUP) and stopped what it had started."""
+    """`up` was interrupted (Ctrl-C, SIGTERM, SIGHUP) and stopped what it had started: exit
+    status 128 + the signal's number, as a shell reports a command the signal ended (130 for
+    Ctrl-C), so a script can tell an interruption from a mistake (2)."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__("interrupted; nothing of the stack is left running")
+        self.signum = signum
+        self.exit_status = 128 + signum
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
+    """The signal _interrupt named, else SIGINT (Python's own Ctrl-C carries no name)."""
+    name = str(interrupt.args[0]) if interrupt.args else ""
+    return signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
 
 
 def _wanted(config: StackConfig) -> list[str]:
