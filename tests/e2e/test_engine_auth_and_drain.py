@@ -48,7 +48,7 @@ def chart_shutdown_timeout() -> int:
 def status_of(url: str, headers: dict[str, str] | None = None) -> int | None:
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, headers=headers or {}), timeout=5
+            urllib.request.Request(url, headers=headers or {}), timeout=30
         ) as r:
             return int(r.status)
     except urllib.error.HTTPError as err:
@@ -176,7 +176,8 @@ def test_the_sidecar_is_ready_with_the_key_and_names_the_401_without(
             assert "401" in body["reason"] and "VLLM_API_KEY" in body["reason"]
             assert "auth.apiKeySecret" in body["reason"]
         served = (
-            httpx.get(url + "/stats", timeout=5).text + httpx.get(url + "/metrics", timeout=5).text
+            httpx.get(url + "/stats", timeout=30).text
+            + httpx.get(url + "/metrics", timeout=30).text
         )
     finally:
         process.terminate()

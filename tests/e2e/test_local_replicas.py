@@ -79,7 +79,7 @@ class Replicas:
 
     def router_metrics(self) -> str:
         url = f"http://127.0.0.1:{self.ports['router-metrics']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with urllib.request.urlopen(url, timeout=30) as reply:
             return str(reply.read().decode())
 
     def gauge(self, name: str, worker: str) -> float | None:
@@ -158,7 +158,7 @@ def test_prometheus_scrapes_both_replicas_and_the_router(replicas: Replicas) -> 
     url = f"http://127.0.0.1:{replicas.ports['prometheus']}/api/v1/query?query={query}"
     deadline = time.monotonic() + 60
     while True:
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with urllib.request.urlopen(url, timeout=30) as reply:
             results = json.load(reply)["data"]["result"]
         up = {(r["metric"]["job"], r["metric"].get("pod")): r["value"][1] for r in results}
         wanted = {
@@ -205,7 +205,7 @@ def engine_tokens(replicas: Replicas) -> float:
     """Prompt and generated tokens the engines have processed (their /metrics, via the door)."""
     total = 0.0
     for url in replicas.engines:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
             for line in reply.read().decode().splitlines():
                 if line.startswith(("vllm:generation_tokens_total", "vllm:prompt_tokens_total")):
                     total += float(line.rsplit(" ", 1)[1])
@@ -311,7 +311,7 @@ def test_with_the_key_every_generation_route_generates_through_every_door(
 def requests_served(replicas: Replicas) -> float:
     total = 0.0
     for url in replicas.engines:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
             for line in reply.read().decode().splitlines():
                 if line.startswith("vllm:request_success_total"):
                     total += float(line.rsplit(" ", 1)[1])

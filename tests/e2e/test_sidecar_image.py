@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def acceptance_lengths(url: str) -> list[float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as reply:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
         page = reply.read().decode()
     return [
         sample.value
