@@ -345,6 +345,7 @@ def test_the_door_closes_idle_upstream_connections_before_vllm_does(tmp_path: Pa
     finally:
         process.terminate()
         process.wait(timeout=30)
+        log.close()
         upstream.listener.close()
     assert upstream.closed_by_proxy.is_set(), "the door kept an idle connection past vLLM's 5 s"
     assert second.status_code == 200, (second.status_code, (tmp_path / "door.log").read_text())
