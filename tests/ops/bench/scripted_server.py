@@ -15,6 +15,9 @@
                 latency grows with load)
 /batch/...      each request is held 400 ms; /metrics reports the requests in flight as
                 vllm:num_requests_running (an engine's running batch)
+/off-slow/T/... instant, but 50 ms a token while the last upgrade POSTed to /off-slow/T/deployed
+                (the sweep tests' stand-in helm) set speculative.method=off: speculation always
+                wins; no /metrics (no running batch)
 
 `--die-after N`: the process exits (as a crashed server) when its Nth chat request arrives.
 """
@@ -168,6 +171,22 @@ def scripted() -> web.Application:
         app.router.add_post(f"{prefix}/v1/chat/completions", chat)
     app.router.add_get("/restarting/metrics", restarting_metrics)
     app.router.add_get("/batch/metrics", batch_metrics)
+
+    deployed: dict[str, list[str]] = {}
+
+    async def record_upgrade(request: web.Request) -> web.Response:
+        deployed[request.match_info["token"]] = await request.json()
+        return web.Response(text="")
+
+    async def off_slow_chat(request: web.Request) -> web.StreamResponse:
+        if "speculative.method=off" in deployed.get(request.match_info["token"], []):
+            return await slow_chat(request)
+        body = await request.json()
+        return await stream_tokens(request, int(body.get("max_tokens", 4)))
+
+    app.router.add_post("/off-slow/{token}/deployed", record_upgrade)
+    app.router.add_get("/off-slow/{token}/v1/models", models)
+    app.router.add_post("/off-slow/{token}/v1/chat/completions", off_slow_chat)
     return app
 
 

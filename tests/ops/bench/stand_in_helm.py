@@ -1,12 +1,15 @@
 """A stand-in for `helm` in sweep tests: appends each invocation's argv to $STAND_IN_HELM_LOG (one
-JSON list per line), prints $STAND_IN_HELM_VALUES for `helm get values`, and fails the Nth
-`upgrade` when $STAND_IN_HELM_FAIL_UPGRADE=N (as a rollout that times out would)."""
+JSON list per line), prints $STAND_IN_HELM_VALUES for `helm get values`, fails the Nth `upgrade`
+when $STAND_IN_HELM_FAIL_UPGRADE=N (as a rollout that times out would) and POSTs each upgrade
+that succeeds (its argv, JSON) to $STAND_IN_HELM_NOTIFY when set, so a scripted server can serve
+as the release it was upgraded to."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import urllib.request
 
 
 def main() -> int:
@@ -24,6 +27,10 @@ def main() -> int:
         if fail and upgrades == fail:
             print("Error: UPGRADE FAILED: context deadline exceeded", file=sys.stderr)
             return 1
+        notify = os.environ.get("STAND_IN_HELM_NOTIFY")
+        if notify:
+            request = urllib.request.Request(notify, data=json.dumps(argv).encode(), method="POST")
+            urllib.request.urlopen(request, timeout=30).close()
         return 0
     print(f"stand-in helm: unexpected {argv}", file=sys.stderr)
     return 2
