@@ -45,7 +45,14 @@ def register(subparsers: Any) -> None:
         ),
     )
     actions = parser.add_subparsers(dest="local_action", metavar="ACTION", required=True)
-    up = actions.add_parser("up", help="start the stack (no duplicates) and wait until ready")
+    up = actions.add_parser(
+        "up",
+        help="start the stack (no duplicates) and wait until ready",
+        description="Start the stack (what already runs with this configuration is kept) and "
+        "wait until every part is ready. Ctrl-C, SIGTERM or SIGHUP while it starts stops what "
+        "was started and exits 128 + the signal's number (130 for Ctrl-C); a mistake in the "
+        "arguments exits 2.",
+    )
     up.add_argument("--method", choices=LOCAL_METHODS, default="draft_model")
     up.add_argument(
         "--k", type=_k, default=4, help=f"num_speculative_tokens, 1 to {MAX_K} (default 4)"
