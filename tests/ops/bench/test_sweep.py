@@ -401,20 +401,30 @@ def test_a_derived_schedule_needs_the_running_batch(scripted_server: str, tmp_pa
     assert len(helm_runs) == 4  # off, dflash, mtp, the original values back: no schedule setting
 
 
+@pytest.mark.parametrize(
+    ("interrupt", "status"),
+    [(KeyboardInterrupt(), 130), (KeyboardInterrupt("SIGTERM"), 143)],
+    ids=["ctrl-c", "sigterm"],
+)
 def test_ctrl_c_while_a_local_settings_engine_starts_keeps_the_sweep_resumable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    interrupt: KeyboardInterrupt,
+    status: int,
 ) -> None:
-    """Ctrl-C during `local up` of a setting (the engine still loading) is the sweep's
-    interruption: the stack stops what it started, the sweep says the same command resumes
-    and exits 130, not a one-line error with status 2."""
+    """Ctrl-C or SIGTERM during `local up` of a setting (the engine still loading) is the
+    sweep's interruption: the stack stops what it started, the sweep says the same command
+    resumes and exits 128 + the signal, as when a level is interrupted, not a one-line error
+    with status 2."""
     from dflash_ops.cli import main
     from dflash_ops.local import stack
 
     def interrupted_start(config: stack.StackConfig, previous: object) -> stack.StackState:
-        raise KeyboardInterrupt  # what SIGINT raises while up() waits for the engine
+        raise interrupt  # what SIGINT (or stack's SIGTERM handler) raises while up() waits
 
     monkeypatch.setattr(stack, "_start", interrupted_start)
-    status = main(
+    exit_status = main(
         [
             "bench", "sweep", "--deployer", "local", "--state-dir", str(tmp_path / "stack"),
             "--k", "2,4", "--concurrency", "1", "--num-prompts", "1", "--enforce-eager",
@@ -422,7 +432,7 @@ def test_ctrl_c_while_a_local_settings_engine_starts_keeps_the_sweep_resumable(
         ]
     )  # fmt: skip
     stderr = capsys.readouterr().err
-    assert status == 130, stderr
+    assert exit_status == status, stderr
     assert "interrupted: stopping what was started" in stderr
     assert "the same command resumes" in stderr and "error:" not in stderr
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["done"] == []

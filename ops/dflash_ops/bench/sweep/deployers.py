@@ -140,10 +140,13 @@ class LocalDeployer:
         )
         try:
             state = stack.up(config)
-        except stack.StackInterrupted:
-            # Ctrl-C while the engine starts is the sweep's interruption like any other: what
-            # was measured is kept and the same command resumes (exit 130).
-            raise KeyboardInterrupt from None
+        except stack.StackInterrupted as stopped:
+            # Ctrl-C or SIGTERM while the engine starts is the sweep's interruption like any
+            # other: what was measured is kept, the same command resumes, and the exit status
+            # names the signal (130, 143) as when a level is interrupted.
+            from dflash_ops.bench.core.run_directory import BenchInterrupted
+
+            raise BenchInterrupted(stopped.exit_status, []) from None
         return next(p.url for p in state.processes if p.name == "engine")
 
     def finish(self) -> None:
