@@ -535,7 +535,6 @@ class StackInterrupted(UserError):
 
     def __init__(self, signum: signal.Signals) -> None:
         super().__init__("interrupted; nothing of the stack is left running")
-        self.signum = signum
         self.exit_status = 128 + signum
 
 
