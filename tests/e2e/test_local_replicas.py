@@ -430,7 +430,7 @@ def test_a_replica_killed_mid_run_fails_only_its_requests_in_flight(replicas: Re
 
     def kill() -> None:
         killed_at.append(time.monotonic())
-        os.killpg(victim.pid, signal.SIGKILL)  # the API server, its engine core and workers
+        os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
 
     def ejected() -> bool:
         return replicas.gauge("vllm_router_worker_health", dead_url) == 0.0

@@ -96,6 +96,17 @@ def test_stack_is_up_and_a_second_up_starts_nothing(local_stack: stack.StackStat
     assert all(r["healthy"] for r in rows), rows
     again = stack.up(local_stack.config)
     assert [p.pid for p in again.processes] == [p.pid for p in local_stack.processes]
+    # The engine core runs the model itself (stack.engine_env): no worker process beside it.
+    engine = next(p for p in local_stack.processes if p.name == "engine")
+    names = [comm_of(pid) for pid in supervisor.group_members(engine)]
+    assert "VLLM::EngineCor" in names and not any("Worker" in n for n in names), names
+
+
+def comm_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "(gone)"
 
 
 def test_bench_reports_acceptance_consistent_with_the_raw_counters(

@@ -202,6 +202,7 @@ def measure(
                     state_dir=state_dir, engine_port=free_port(), sidecar_port=free_port(),
                     method="off", prometheus=False, enforce_eager=enforce_eager,
                     scale_out=scale_out, kv_events_port=events,
+                    engine_threads=stack.engine_threads(replicas),
                 )
             )  # fmt: skip
         stack.ensure_models(configs[0])

@@ -131,6 +131,13 @@ class StackConfig(BaseModel):
     max_model_len: int = Field(
         default=2048, ge=256, le=8192, description="vLLM's --max-model-len (prompt + output)"
     )
+    engine_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="OMP_NUM_THREADS of each engine (default: engine_threads(replicas), the "
+        "physical cores shared among the replicas, less one each)",
+    )
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> StackConfig:
@@ -580,16 +587,52 @@ class Component:
 
 
 def engine_env(config: StackConfig) -> dict[str, str]:
-    """The engine's environment beside the caller's. The CPU engine's vLLM (0.32.0 on torch 2.13)
-    saves each compiled model to its AOT compile cache and cannot load it back ("Compiling
-    model again due to a load failure ... 'function' object has no attribute
-    'finalize_loading'"), so every compiled start compiled again: 6 s more than vLLM's
-    non-AOT path here idle, twice that with both cores busy, the same decode speed. The
-    caller's own VLLM_USE_AOT_COMPILE is kept."""
+    """The engine's environment beside the caller's; a variable the caller set is kept.
+
+    VLLM_USE_AOT_COMPILE=0: the CPU engine's vLLM (0.32.0 on torch 2.13) saves each compiled
+    model to its AOT compile cache and cannot load it back ("Compiling model again due to a
+    load failure ... 'function' object has no attribute 'finalize_loading'"), so every
+    compiled start compiled again: 6 s more than vLLM's non-AOT path here idle, twice that
+    with both cores busy, the same decode speed.
+
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 with OMP_NUM_THREADS: vLLM's CPU platform otherwise runs
+    the model in a worker process beside the engine core (its multiprocessing executor), a
+    third process to import vLLM into at every start, and the two spin on their shared-memory
+    queue while the other works (a second of busy-waiting after each read). With the variable
+    at 0 the engine core runs the model itself (vLLM's uniprocess executor; the API server
+    stays a process of its own), on engine_threads(...) threads (left to vLLM, it keeps
+    torch's thread per CPU: two engines side by side then decoded at 15 tok/s). Measured by
+    ops/setup/engine-layout.sh here (2 cores, tiny pair, eager): one engine starts in 17 s
+    instead of 23 s and decodes faster (349-353 against 307-312 tok/s at concurrency 1); two
+    side by side start in 17 s instead of 33-34 s, 789-960 against 313-315 tok/s at 4."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
     if "VLLM_USE_AOT_COMPILE" not in os.environ:
         env["VLLM_USE_AOT_COMPILE"] = "0"
+    if "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if "OMP_NUM_THREADS" not in os.environ:
+            threads = config.engine_threads or engine_threads(config.replicas)
+            env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+def engine_threads(engines: int, cpu_dir: Path = Path("/sys/devices/system/cpu")) -> int:
+    """Threads for each of `engines` CPU engines on this machine, counted as vLLM's automatic
+    CPU binding counts them: the physical cores this process may run on, shared among the
+    engines, one core each left to the engine's API server and engine core; at least 1. (The
+    engine core runs the model itself here, see engine_env, so vLLM binds no threads.)"""
+    cpus = (
+        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    )
+    cores = set()
+    for cpu in cpus:
+        topology = cpu_dir / f"cpu{cpu}" / "topology"
+        try:
+            package = (topology / "physical_package_id").read_text().strip()
+            cores.add((package, (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores) // engines - 1)
 
 
 def _components(config: StackConfig) -> list[Component]:

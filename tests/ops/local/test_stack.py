@@ -116,12 +116,80 @@ def test_the_engine_skips_vllms_aot_compile_cache_unless_the_caller_chose(
     """The CPU engine's vLLM cannot load its AOT compile cache back (stack.engine_env); the
     real engine's log is tests/e2e/test_local_stack.py's."""
     config = stack.StackConfig(state_dir=tmp_path, kv_cache_gib=3)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     assert stack.engine_env(config) == {
         "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_USE_AOT_COMPILE": "0"
     }  # fmt: skip
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     assert stack.engine_env(config) == {"VLLM_CPU_KVCACHE_SPACE": "3"}  # the caller's stays
+
+
+def test_the_engine_core_runs_the_model_on_its_share_of_the_cores_unless_the_caller_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's uniprocess executor (no worker process spinning beside the engine core), its
+    threads the replicas' share of the physical cores (stack.engine_env says what it saves)."""
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(stack, "engine_threads", lambda engines: 12 // engines)
+    one, three = (stack.StackConfig(state_dir=tmp_path, replicas=n) for n in (1, 3))
+    assert stack.engine_env(one) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "12",
+    }  # fmt: skip
+    assert stack.engine_env(three)["OMP_NUM_THREADS"] == "4"
+    pinned = stack.StackConfig(state_dir=tmp_path, replicas=3, engine_threads=2)
+    assert stack.engine_env(pinned)["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the caller's threads stay
+    assert stack.engine_env(one) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"
+    }  # fmt: skip
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # vLLM's own worker process
+    assert stack.engine_env(one) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def fake_cpus(root: Path, cores: list[tuple[int, int]]) -> Path:
+    """A /sys/devices/system/cpu with one (package, core) per logical CPU."""
+    for cpu, (package, core) in enumerate(cores):
+        topology = root / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("cores", "engines", "threads"),
+    [
+        ([(0, 0), (0, 1)], 1, 1),  # this machine: 2 cores, one left to the API server
+        ([(0, 0), (0, 1)], 2, 1),  # never fewer than one
+        ([(0, c) for c in range(8)] * 2, 1, 7),  # 16 logical CPUs, 8 cores (SMT): per core
+        ([(p, c) for p in (0, 1) for c in range(8)], 2, 7),  # two sockets of 8 cores
+        ([(0, c) for c in range(16)], 3, 4),
+    ],
+)
+def test_engine_threads_share_the_physical_cores(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cores: list[tuple[int, int]],
+    engines: int,
+    threads: int,
+) -> None:
+    root = fake_cpus(tmp_path / "cpu", cores)
+    monkeypatch.setattr(stack.os, "sched_getaffinity", lambda pid: set(range(len(cores))))
+    assert stack.engine_threads(engines, root) == threads
+
+
+def test_engine_threads_count_only_the_cpus_this_process_may_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = fake_cpus(tmp_path / "cpu", [(0, c) for c in range(8)])
+    monkeypatch.setattr(stack.os, "sched_getaffinity", lambda pid: {0, 1, 2})  # taskset 0-2
+    assert stack.engine_threads(1, root) == 2
+    (root / "cpu1" / "topology" / "core_id").unlink()  # unreadable: counted as a core of its own
+    assert stack.engine_threads(1, root) == 2
 
 
 def test_too_little_shared_memory_names_the_container_flag(
