@@ -2,11 +2,13 @@
 # The local stack for machines with Docker and no GPU: vLLM CPU build, the project, Prometheus.
 #
 #   docker build -f docker/cpu.Dockerfile -t ghcr.io/dflash-serve/dflash-serve-cpu:0.1.0 .
-#   docker run --rm --shm-size=1g -p 8000:8000 -p 9100:9100 -p 9090:9090 \
+#   docker run --rm -p 8000:8000 -p 9100:9100 -p 9090:9090 \
 #       ghcr.io/dflash-serve/dflash-serve-cpu:0.1.0
 #
-# --shm-size: the vLLM CPU engine needs 160 MiB of /dev/shm; containers get 64 MiB by default
-# (the stack refuses to start with less and says so).
+# The engine core runs the model itself and needs no more /dev/shm than a container's default
+# 64 MiB. With -e VLLM_ENABLE_V1_MULTIPROCESSING=1 (vLLM's worker process and its shared-memory
+# ring) each engine needs 160 MiB: add --shm-size=1g (the stack refuses to start without it and
+# says so).
 #
 # torch's CPU build comes from TORCH_INDEX (PyTorch's CPU wheel index); with TORCH_INDEX empty,
 # from pip's own configuration (make images-local: the machine's wheel folder).

@@ -362,8 +362,11 @@ def prometheus_config(config: StackConfig) -> Path:
     return path
 
 
-# The vLLM CPU engine's shared-memory broadcast ring between its API server and engine core
-# (vllm/distributed/device_communicators/shm_broadcast.py) allocates this much in /dev/shm.
+# vLLM's multiprocessing executor runs the model in a worker process and talks to it over a
+# shared-memory broadcast ring (vllm/distributed/device_communicators/shm_broadcast.py), which
+# allocates this much in /dev/shm. The local stack's engines run the model in their engine core
+# (engine_env) and map only a semaphore there: the check is for a caller who sets
+# VLLM_ENABLE_V1_MULTIPROCESSING=1.
 ENGINE_SHM_BYTES = 160 * 1024**2
 
 
@@ -383,6 +386,15 @@ def _check_engine_installed() -> None:
         )
 
 
+def shared_memory_needed(config: StackConfig) -> int:
+    """The /dev/shm the stack's engines allocate: vLLM's ring per engine with its
+    multiprocessing executor (VLLM_ENABLE_V1_MULTIPROCESSING, vLLM's default 1), else none."""
+    env = os.environ | engine_env(config)
+    if env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0":
+        return 0
+    return ENGINE_SHM_BYTES * config.replicas
+
+
 def _check_shared_memory(needed: int = ENGINE_SHM_BYTES, shm: Path = Path("/dev/shm")) -> None:
     try:
         free = shutil.disk_usage(shm).free
@@ -391,8 +403,10 @@ def _check_shared_memory(needed: int = ENGINE_SHM_BYTES, shm: Path = Path("/dev/
     if free < needed:
         raise UserError(
             f"{shm} has {free // 1024**2} MiB free; the vLLM CPU engines need "
-            f"{needed // 1024**2} MiB of shared memory ({ENGINE_SHM_BYTES // 1024**2} MiB each): "
-            "in a container, run it with --shm-size=1g (or --ipc=host)"
+            f"{needed // 1024**2} MiB of shared memory ({ENGINE_SHM_BYTES // 1024**2} MiB each, "
+            "for vLLM's multiprocessing executor, which VLLM_ENABLE_V1_MULTIPROCESSING asks for): "
+            "in a container, run it with --shm-size=1g (or --ipc=host), or unset "
+            "VLLM_ENABLE_V1_MULTIPROCESSING"
         )
 
 
@@ -782,7 +796,8 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
     # memory): a user without the engine learns that before being sent to free a port for it.
     if any(kind_of(c.name) == "engine" and c.name not in kept for c in components):
         _check_engine_installed()
-        _check_shared_memory(ENGINE_SHM_BYTES * config.replicas)
+        if needed := shared_memory_needed(config):
+            _check_shared_memory(needed)
     for component in components:
         if component.name not in kept:  # before anything starts: a stranger is not our engine
             check_port_free(config.host, component.port, component.name, component.port_flag)

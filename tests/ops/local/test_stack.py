@@ -202,11 +202,31 @@ def test_too_little_shared_memory_names_the_container_flag(
     monkeypatch.setattr(
         shutil_module, "disk_usage", lambda path: usage(64 << 20, 2 << 20, 62 << 20)
     )
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # vLLM's worker and its ring
     ports = [free_port() for _ in range(3)]
     cfg = config(tmp_path, engine_port=ports[0], sidecar_port=ports[1], prometheus_port=ports[2])
     with pytest.raises(UserError, match=r"/dev/shm has 62 MiB free.*--shm-size=1g"):
         stack.up(cfg)
     assert not (cfg.state_dir / "engine.log").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize(
+    ("caller", "needed"),
+    [
+        ({}, 0),  # the stack's own layout: the engine core runs the model, no ring
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, 0),
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": " 0"}, 0),
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, 3 * stack.ENGINE_SHM_BYTES),
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": ""}, 3 * stack.ENGINE_SHM_BYTES),  # not 0: checked
+    ],
+)
+def test_shared_memory_is_needed_only_for_vllms_worker_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller: dict[str, str], needed: int
+) -> None:
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    for name, value in caller.items():
+        monkeypatch.setenv(name, value)
+    assert stack.shared_memory_needed(config(tmp_path, replicas=3)) == needed
 
 
 def stranger_group() -> tuple[int, list[int]]:
