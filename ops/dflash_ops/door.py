@@ -55,9 +55,9 @@ def default_shutdown_timeout() -> int:
 
 
 def map_source(path: str) -> str:
-    """How routes.map matches a path: exactly, or a regex where a {name} segment is."""
-    if "{" not in path:
-        return path
+    """How routes.map matches a path: a case-sensitive regex of the whole path, a {name}
+    segment standing for any one segment. (nginx matches a map's plain strings without regard
+    to case: `/HEALTH` would reach what stands behind the door, which may not care either.)"""
     return "~^" + re.sub(r"\{[^/}]+\}", "[^/]+", path.replace(".", r"\.")) + "$"
 
 

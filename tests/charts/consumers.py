@@ -21,6 +21,11 @@
 - KEDA: the HPA it creates takes `advanced.horizontalPodAutoscalerConfig.behavior`.
 - NetworkPolicy (networking.k8s.io/v1): ingress is the union of the rules of every policy that
   selects the pod; a peer with only podSelector means the policy's own namespace.
+- KubeRay (`pod.go` configureTokenAuth, SetContainerTokenAuthEnvVars; v1.6+): with
+  `spec.authOptions.mode: token` the Ray container (the first) of every head and worker pod gets
+  RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from the Secret `authOptions.secretName` (else one
+  named after the RayCluster, which KubeRay creates), key `auth_token`; a variable the container
+  already sets is left as it is.
 """
 
 from __future__ import annotations
@@ -340,3 +345,17 @@ def _peer_matches(peer: dict[str, Any], source: Peer, policy_namespace: str) -> 
     else:
         in_namespace = selector_matches(namespaces, source.namespace_labels)
     return in_namespace and (pods is None or selector_matches(pods, source.labels))
+
+
+def kuberay_token_env(cluster: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """The Ray container's Ray-auth variables after KubeRay built the pod (name -> value or
+    valueFrom), with those the chart set itself winning as they do in KubeRay."""
+    container = template["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+    auth = cluster["spec"].get("authOptions") or {}
+    if auth.get("mode", "token") != "token" or not auth:
+        return {k: v for k, v in env.items() if k.startswith("RAY_AUTH")}
+    env.setdefault("RAY_AUTH_MODE", "token")
+    secret = auth.get("secretName") or cluster["metadata"]["name"]
+    env.setdefault("RAY_AUTH_TOKEN", {"secretKeyRef": {"name": secret, "key": "auth_token"}})
+    return {k: v for k, v in env.items() if k.startswith("RAY_AUTH")}

@@ -16,6 +16,8 @@ from dflash_ops.plan.checkpoint import load_checkpoint
 from dflash_ops.plan.model import BlockSizeInputs
 
 from tests.charts.conftest import Manifests, one, render
+from tests.charts.consumers import kuberay_token_env, pod_templates
+from tests.charts.test_day2_contracts import refused
 from tests.conftest import find_tool
 
 RAY = ["distributed.enabled=true", "modelCache.accessModes={ReadWriteMany}"]
@@ -209,3 +211,50 @@ def test_the_worker_probe_follows_the_raylet(tmp_path: Path) -> None:
     fake.symlink_to(shutil.which("sleep") or "/bin/sleep")
     running = in_own_pid_namespace(f"{fake} 30 & sleep 0.2; {python} {probe}")
     assert running.returncode == 0, running.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["distributed.layout=data"],
+        ["auth.apiKeySecret.name=k", "router.enabled=true"],
+        ["distributed.rayAuth.secretName=our-ray-token"],
+    ],
+    ids=["tensor", "data", "door-and-router", "own-secret"],
+)
+def test_every_ray_process_needs_the_clusters_token(sets: list[str]) -> None:
+    """As KubeRay builds the pods: the Ray container of the head and of every worker runs Ray
+    with token authentication and the token from one Secret, so none of Ray's ports (GCS, Ray
+    Client, raylets) answers without it; nothing the chart sets turns it off."""
+    manifests = render(*RAY, *sets)
+    cluster = one(manifests, "RayCluster")
+    secret = "our-ray-token" if sets and "secretName" in sets[0] else cluster["metadata"]["name"]
+    want = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": {"secretKeyRef": {"name": secret, "key": "auth_token"}},
+    }
+    templates = [t for where, t in pod_templates(manifests) if where.startswith("RayCluster/")]
+    assert len(templates) == 2
+    for template in templates:
+        assert kuberay_token_env(cluster, template) == want
+        # The Ray container is the one that starts Ray (KubeRay's RayContainerIndex 0).
+        assert template["spec"]["containers"][0]["name"] in ("ray-head", "ray-worker")
+    assert "include-dashboard" in cluster["spec"]["headGroupSpec"]["rayStartParams"]
+
+
+def test_ray_without_its_network_policy_is_refused_by_name() -> None:
+    message = refused(*RAY, "networkPolicy.enabled=false")
+    assert "networkPolicy.enabled is false with distributed.enabled" in message
+    assert "networkPolicy.allowUnprotectedRay: true" in message
+    accepted = render(*RAY, "networkPolicy.enabled=false", "networkPolicy.allowUnprotectedRay=true")
+    assert not [k for k in accepted if k[0] == "NetworkPolicy"]
+    assert one(accepted, "RayCluster")["spec"]["authOptions"] == {"mode": "token"}
+    # Outside the Ray layout the value changes nothing, and false stays allowed.
+    assert not [k for k in render("networkPolicy.enabled=false") if k[0] == "NetworkPolicy"]
+
+
+def test_ray_auth_takes_token_or_disabled_only() -> None:
+    off = render(*RAY, "distributed.rayAuth.mode=disabled")
+    assert one(off, "RayCluster")["spec"]["authOptions"] == {"mode": "disabled"}
+    assert "rayAuth" in refused(*RAY, "distributed.rayAuth.mode=tokens")

@@ -1,22 +1,26 @@
-"""`dflash-serve local up --api-key KEY` with one engine (no router): the chart's door (real
-nginx) in front of the real vLLM CPU engine, probed on every route vLLM registers (read from its
-own route table) without a key and with a wrong one; with the key, generation works.
+"""`VLLM_API_KEY=KEY dflash-serve local up --auth` with one engine (no router): the chart's door
+(real nginx) in front of the real vLLM CPU engine, probed on every route vLLM registers (read from
+its own route table) without a key and with a wrong one; with the key, generation works.
 (`--replicas 2` with the router: tests/e2e/test_local_replicas.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from dflash_ops import door
+from dflash_ops import door as door_files
+from dflash_ops.local import keys, supervisor
 from dflash_ops.loopback import free_port
 
 from tests.conftest import REPO_ROOT
@@ -25,6 +29,7 @@ from tests.e2e import route_tables
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "dflash_ops.cli"]
 KEY = "sk-one-engine-5be1"
+NEW_KEY = "sk-one-engine-next-93a0"
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 BODY = {"model": "tiny", "prompt": "Count on:", "messages": [{"role": "user", "content": "hi"}],
         "input": "hi", "max_tokens": 4}  # fmt: skip
@@ -35,10 +40,63 @@ def ports() -> dict[str, int]:
     return {"engine": free_port(), "sidecar": free_port(), "door-base": free_port()}
 
 
+class CommandLineWatch:
+    """Samples every process's command line (what `ps` shows) while it runs; records the ones
+    of the stack (its components carry the supervisor's marker; its commands run dflash_ops)
+    that hold any of `secrets`. (The curl a test runs as NOTES prints it is the user's own.)"""
+
+    def __init__(self, *secrets: str) -> None:
+        self.secrets = [s.encode() for s in secrets]
+        self.found: list[str] = []
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    line = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if any(secret in line for secret in self.secrets) and _of_the_stack(entry, line):
+                    self.found.append(line.replace(b"\0", b" ").decode(errors="replace"))
+            self.samples += 1
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _of_the_stack(process: Path, command_line: bytes) -> bool:
+    if b"dflash_ops" in command_line:
+        return True
+    try:
+        return f"{supervisor.MARKER_VARIABLE}=".encode() in (process / "environ").read_bytes()
+    except OSError:
+        return True  # gone: count it
+
+
+@dataclass
+class Door:
+    url: str
+    state_dir: Path
+    watch: CommandLineWatch
+
+
 @pytest.fixture(scope="module")
-def door_url(
+def door(
     tmp_path_factory: pytest.TempPathFactory, models_dir: Path, ports: dict[str, int]
-) -> Iterator[str]:
+) -> Iterator[Door]:
+    """`VLLM_API_KEY=KEY local up --auth`: the key from the environment, as a user who keeps it
+    off the command line starts the stack. The engine must not inherit it (vLLM would check it
+    itself, behind the door, and the stack's key-less probes would never see it ready). Every
+    command line is watched for the key from the start to after `local down`, which must leave
+    no key behind."""
     state_dir = tmp_path_factory.mktemp("door")
     (state_dir / "models").symlink_to(models_dir)
     port = ports["engine"]
@@ -46,16 +104,37 @@ def door_url(
         *CLI, "local", "up", "--state-dir", str(state_dir), "--method", "off",
         "--enforce-eager", "--no-prometheus", "--engine-port", str(port),
         "--sidecar-port", str(ports["sidecar"]), "--door-base-port", str(ports["door-base"]),
-        "--api-key", KEY,
+        "--auth",
     ]  # fmt: skip
     # One sidecar canary at start, then none for an hour: the probe holds the token counters still.
-    quiet = {**os.environ, "DFLASH_SIDECAR_CANARY_INTERVAL": "3600"}
-    done = subprocess.run(up, capture_output=True, text=True, timeout=1200, env=quiet)
+    env = {**os.environ, "DFLASH_SIDECAR_CANARY_INTERVAL": "3600", "VLLM_API_KEY": KEY}
+    watch = CommandLineWatch(KEY, NEW_KEY)
+    keys_dir = keys.keys_dir(state_dir)
+    done = subprocess.run(up, capture_output=True, text=True, timeout=1200, env=env)
     try:
         assert done.returncode == 0, done.stderr[-4000:]
-        yield f"http://127.0.0.1:{port}"
+        yield Door(f"http://127.0.0.1:{port}", state_dir, watch)
     finally:
-        subprocess.run([*CLI, "local", "down", "--state-dir", str(state_dir)], timeout=300)
+        down = subprocess.run([*CLI, "local", "down", "--state-dir", str(state_dir)], timeout=300)
+        watch.stop()
+    assert down.returncode == 0
+    assert not keys_dir.exists(), sorted(keys_dir.iterdir())
+    leftovers = [p for p in state_dir.rglob("*") if p.is_file() and _holds(p, KEY, NEW_KEY)]
+    assert not leftovers, leftovers
+    assert watch.samples > 10 and not watch.found, watch.found[:3]
+
+
+def _holds(path: Path, *secrets: str) -> bool:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return any(s.encode() in data for s in secrets)
+
+
+@pytest.fixture(scope="module")
+def door_url(door: Door) -> str:
+    return door.url
 
 
 def generated_tokens(url: str) -> float:
@@ -72,7 +151,7 @@ def test_without_a_valid_key_only_health_and_metrics_answer(door_url: str, key: 
     routes = {route_tables.concrete(p) for p in route_tables.vllm_routes(
         REPO_ROOT / ".venv" / "bin" / "python")}  # fmt: skip
     assert {"/invocations", "/v1/chat/completions", "/v1/messages"} <= routes
-    open_paths = set(door.door_paths()["open"]["engine"])
+    open_paths = set(door_files.door_paths()["open"]["engine"])
     # One connection per request (see test_local_replicas.probe).
     headers = {"Connection": "close", **({"Authorization": f"Bearer {key}"} if key else {})}
     before = generated_tokens(door_url)
@@ -164,3 +243,51 @@ def test_the_notes_commands_work_as_printed_against_the_door(
             break
         time.sleep(1)
     assert '"ready":true' in done.stdout.replace(" ", ""), done.stdout
+
+
+def test_the_key_files_are_closed_to_others_and_a_rotation_reads_keys_from_stdin(
+    door: Door,
+) -> None:
+    directory = keys.keys_dir(door.state_dir)
+    assert door.state_dir not in directory.parents
+    for path in [directory, *directory.iterdir()]:
+        mode = path.stat().st_mode
+        assert stat.S_IMODE(mode) & 0o007 == 0, (path, oct(mode))
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    def status(key: str) -> int:
+        bearer = {"Authorization": f"Bearer {key}"}
+        url = door.url + "/v1/chat/completions"
+        return httpx.post(url, json=chat, headers=bearer, timeout=120).status_code
+
+    rotate = [*CLI, "local", "rotate-key", "--state-dir", str(door.state_dir)]
+
+    def rotate_to(key: str) -> None:
+        subprocess.run([*rotate, "--key-file", "-"], input=key + "\n", text=True, check=True,
+                       timeout=60)  # fmt: skip
+        assert status(key) == 200
+        subprocess.run([*rotate, "--finish"], check=True, timeout=60)
+
+    rotate_to(NEW_KEY)
+    assert (status(NEW_KEY), status(KEY)) == (200, 401)
+    rotate_to(KEY)  # back, for the other tests of this module
+    assert (status(KEY), status(NEW_KEY)) == (200, 401)
+
+
+def test_a_key_in_the_url_reaches_no_log_and_paths_match_with_their_case(door: Door) -> None:
+    """vLLM's access log writes each request line (a marker in a query string shows it); a URL
+    that carries the key is refused at the door, before anything logs it."""
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=door.url, timeout=30, headers=bearer) as client:
+        assert client.get("/v1/models?after=marker-5e2").status_code == 200
+        for url in (f"/v1/models?api_key={KEY}", f"/v1/models?x={KEY}", f"/v1/models/{KEY}"):
+            assert client.get(url).status_code == 400, url
+        assert client.get("/health").status_code == 200
+        assert client.get("/HEALTH").status_code == 404
+        assert client.get("/V1/models").status_code == 404
+    logs = sorted(door.state_dir.glob("*.log"))
+    deadline = time.monotonic() + 10
+    while not any(_holds(p, "marker-5e2") for p in logs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert any(_holds(p, "marker-5e2") for p in logs), logs
+    assert not [p for p in logs if _holds(p, KEY)]

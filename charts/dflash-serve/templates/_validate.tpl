@@ -25,6 +25,12 @@
 {{- if lt (int $d.nodes) 2 -}}
 {{- fail "distributed.nodes must be at least 2 (one node needs no Ray cluster: set distributed.enabled: false)" -}}
 {{- end -}}
+{{- if and (eq (toString .Values.networkPolicy.enabled) "false") (not .Values.networkPolicy.allowUnprotectedRay) -}}
+{{- fail "networkPolicy.enabled is false with distributed.enabled: Ray's ports (GCS 6379, the Ray Client server 10001, the raylets) would be open to every pod of the cluster, and code run through them shares the head pod's loopback, where vLLM answers without a key. Keep networkPolicy.enabled (auto or true), or set networkPolicy.allowUnprotectedRay: true if your cluster enforces no NetworkPolicy and you accept that" -}}
+{{- end -}}
+{{- if not (has (toString $d.rayAuth.mode) (list "token" "disabled")) -}}
+{{- fail (printf "distributed.rayAuth.mode %q is unknown: use token (Ray's token authentication, the default) or disabled" (toString $d.rayAuth.mode)) -}}
+{{- end -}}
 {{- if and .Values.modelCache.enabled (not .Values.modelCache.existingClaim) (not (has "ReadWriteMany" .Values.modelCache.accessModes)) -}}
 {{- fail "distributed serving mounts the model cache on every node: set modelCache.accessModes to [ReadWriteMany] (an RWX StorageClass), or modelCache.existingClaim to an RWX claim" -}}
 {{- end -}}

@@ -120,15 +120,24 @@ def register(subparsers: Any) -> None:
         help="vLLM without torch.compile: decodes about half as fast and starts about as fast "
         "(engine init 3 s against 4.5 s compiled, here)",
     )
-    up.add_argument(
+    key = up.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="require the key in FILE (- for standard input; Authorization: Bearer KEY) "
+        "through the chart's door, nginx in front of every engine and the router",
+    )
+    key.add_argument(
         "--api-key",
-        help="require this key (Authorization: Bearer KEY) through the chart's door, nginx in "
-        "front of every engine and the router; default: $VLLM_API_KEY with --auth, else none",
+        metavar="KEY",
+        help="as --api-key-file, the key itself: every local user sees it on the command "
+        "line (ps); prefer --api-key-file, or $VLLM_API_KEY with --auth",
     )
     up.add_argument(
         "--auth",
         action="store_true",
-        help="the door with the key of --api-key, $VLLM_API_KEY, or the running stack's",
+        help="the door with the key of --api-key-file, $VLLM_API_KEY, or the running stack's; "
+        "no process of the stack inherits VLLM_API_KEY or any other *_API_KEY variable",
     )
     up.add_argument(
         "--max-model-len",
@@ -145,11 +154,21 @@ def register(subparsers: Any) -> None:
     rotate = actions.add_parser(
         "rotate-key",
         help="change the running stack's API key without an outage (two steps)",
-        description="Step 1, `rotate-key NEW`: the doors accept NEW beside the current key. "
-        "Move the clients to NEW, then step 2, `rotate-key --finish`: NEW is the only key. "
-        "Nothing restarts; a request in flight is never refused.",
+        description="Step 1, `rotate-key --key-file FILE` (- for standard input): the doors "
+        "accept the new key beside the current one. Move the clients to it, then step 2, "
+        "`rotate-key --finish`: the new key is the only one. Nothing restarts; a request in "
+        "flight is never refused.",
     )
-    rotate.add_argument("new_key", nargs="?", metavar="NEW", help="the key to accept as well")
+    rotate.add_argument(
+        "new_key",
+        nargs="?",
+        metavar="NEW",
+        help="the key to accept as well, on the command line (every local user sees it there: "
+        "prefer --key-file)",
+    )
+    rotate.add_argument(
+        "--key-file", metavar="FILE", help="the key to accept as well, from FILE (- for stdin)"
+    )
     rotate.add_argument("--finish", action="store_true", help="make the new key the only one")
     down = actions.add_parser("down", help="stop everything the stack started")
     status = actions.add_parser("status", help="what runs where")
@@ -159,21 +178,44 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _say_visible(given: str, instead: str) -> None:
+    from dflash_ops.local.supervisor import say
+
+    say(f"{given}: the key is on this command line, where every local user can read it (ps); "
+        f"use {instead}")  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_ops.local import stack
 
     if args.local_action == "rotate-key":
-        if (args.new_key is None) == (not args.finish):
-            raise UserError("local rotate-key: give NEW (step 1) or --finish (step 2)")
-        print(stack.rotate_key(args.state_dir, None if args.finish else args.new_key))
+        from dflash_ops.local import keys
+
+        given = [args.new_key is not None, args.key_file is not None, args.finish]
+        if sum(given) != 1:
+            raise UserError(
+                "local rotate-key: give --key-file FILE (or NEW) for step 1, or --finish for step 2"
+            )
+        new_key = args.new_key
+        if args.key_file is not None:
+            new_key = keys.read_key(args.key_file, "--key-file")
+        elif new_key is not None:
+            _say_visible("NEW", "--key-file FILE")
+        print(stack.rotate_key(args.state_dir, new_key))
         return 0
     if args.local_action == "up":
         from pydantic import ValidationError
 
+        from dflash_ops.local import keys
+
         api_key = args.api_key
-        if api_key is None and args.auth:
+        if api_key is not None:
+            _say_visible("--api-key", "--api-key-file FILE, or $VLLM_API_KEY with --auth")
+        elif args.api_key_file is not None:
+            api_key = keys.read_key(args.api_key_file, "--api-key-file")
+        elif args.auth:
             api_key = os.environ.get("VLLM_API_KEY") or None
-        auth = args.auth or args.api_key is not None
+        auth = args.auth or api_key is not None
         if args.models != "tiny" and args.draft_noise is not None:
             raise UserError(
                 f"local up: --draft-noise shapes the tiny pair's draft; the {args.models} pair's "

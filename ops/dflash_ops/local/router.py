@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -36,3 +37,13 @@ def router_argv(
         "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
         *(extra or []),
     ]  # fmt: skip
+
+
+def keyed_router_argv(argv: list[str], key_file: Path) -> list[str]:
+    """`argv` (router_argv's) run with `--api-key` read from `key_file` by this Python
+    (dflash_ops.local.router_launch): the key never appears on a command line, where every
+    local user can read it (ps, /proc/PID/cmdline)."""
+    if importlib.util.find_spec("vllm_router") is None:
+        raise UserError("vllm-router is not installed: pip install 'dflash-serve[router]'")
+    launcher = [sys.executable, "-m", "dflash_ops.local.router_launch"]
+    return [*launcher, "--api-key-file", str(key_file.resolve()), *argv[1:]]

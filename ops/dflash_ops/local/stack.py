@@ -8,7 +8,6 @@ duplicates and `down` never signals a stranger.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shutil
@@ -28,8 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
 from dflash_ops.errors import UserError
+from dflash_ops.local import keys
+from dflash_ops.local.keys import CURRENT_KEY, NEXT_KEY, ROUTER_KEY
 from dflash_ops.local.paying_model import PayingPairSpec, build_pair
-from dflash_ops.local.router import PROCESS_TITLE, router_argv
+from dflash_ops.local.router import PROCESS_TITLE, keyed_router_argv, router_argv
 from dflash_ops.local.supervisor import (
     ProcessRecord,
     alive,
@@ -60,11 +61,6 @@ READY_PATHS = {
     "prometheus": "/-/ready",
     "door": "/health",
 }
-# With auth: the key files the doors read (the chart's Secret entries), in StackConfig.keys_dir.
-CURRENT_KEY, NEXT_KEY = "api-key", "api-key-next"
-# The key the router sends to the engines' doors for its own calls (the render endpoints): one
-# of the stack's own, so that rotating the clients' key never touches the router.
-ROUTER_KEY = "router-key"
 
 
 def kind_of(name: str) -> str:
@@ -212,7 +208,8 @@ class StackConfig(BaseModel):
 
     @property
     def keys_dir(self) -> Path:
-        return self.state_dir / "keys"
+        """With auth: the key files the doors read (keys.keys_dir: in memory, not state_dir)."""
+        return keys.keys_dir(self.state_dir)
 
     def sidecar_port_of(self, replica: int) -> int:
         return self.sidecar_port + replica
@@ -439,35 +436,28 @@ def _check_door_installed() -> None:
         )
 
 
-def _write_key(path: Path, key: str) -> None:
-    """A key file only its owner reads, replaced in one step (a door reading it mid-write
-    would refuse a valid key)."""
-    if not key or any(c.isspace() for c in key):
-        raise UserError("an API key may not be empty or hold whitespace")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    partial_path = path.with_name(f".{path.name}.partial")
-    partial_path.write_text(key)
-    partial_path.chmod(0o600)
-    partial_path.replace(path)
-
-
 def _prepare_keys(config: StackConfig, api_key: str | None, running: bool) -> None:
     current = config.keys_dir / CURRENT_KEY
+    if not running:
+        keys.remove_keys(config.keys_dir)  # a fresh start: new router key, no rotation pending
     if api_key is None and not current.is_file():
-        raise UserError("local up with auth needs the key: pass --api-key (or set VLLM_API_KEY)")
+        raise UserError(
+            "local up with auth needs the key: set VLLM_API_KEY with --auth, or pass "
+            "--api-key-file FILE (- for standard input)"
+        )
     if api_key is not None:
+        keys.check_key(api_key, "given")
         if running and current.is_file() and current.read_text() != api_key:
             raise UserError(
                 "the running stack has another API key: change it without an outage with "
-                "`dflash-serve local rotate-key NEW` (then `--finish`), or `local down` first"
+                "`dflash-serve local rotate-key --key-file FILE` (then `--finish`), or "
+                "`local down` first"
             )
-        _write_key(current, api_key)
-        if not running:
-            (config.keys_dir / NEXT_KEY).unlink(missing_ok=True)
+        keys.write_key(config.keys_dir, CURRENT_KEY, api_key)
     if config.routed and not (config.keys_dir / ROUTER_KEY).is_file():
         import secrets
 
-        _write_key(config.keys_dir / ROUTER_KEY, secrets.token_hex(24))
+        keys.write_key(config.keys_dir, ROUTER_KEY, secrets.token_hex(24))
 
 
 def rotate_key(state_dir: Path, new_key: str | None) -> str:
@@ -477,17 +467,19 @@ def rotate_key(state_dir: Path, new_key: str | None) -> str:
     state = load_state(state_dir)
     if state is None or not state.config.auth:
         raise UserError(f"no local stack with --api-key runs in {state_dir}")
-    keys = state.config.keys_dir
+    directory = state.config.keys_dir
     if new_key is not None:
-        _write_key(keys / NEXT_KEY, new_key)
+        keys.write_key(directory, NEXT_KEY, keys.check_key(new_key, "given"))
         return (
             "the doors now accept the new key beside the current one: move the clients to it, "
             "then run `dflash-serve local rotate-key --finish`"
         )
-    if not (keys / NEXT_KEY).is_file():
-        raise UserError("no rotation to finish: start one with `dflash-serve local rotate-key NEW`")
-    _write_key(keys / CURRENT_KEY, (keys / NEXT_KEY).read_text())
-    (keys / NEXT_KEY).unlink()
+    if not (directory / NEXT_KEY).is_file():
+        raise UserError(
+            "no rotation to finish: start one with `dflash-serve local rotate-key --key-file FILE`"
+        )
+    keys.write_key(directory, CURRENT_KEY, (directory / NEXT_KEY).read_text())
+    (directory / NEXT_KEY).unlink()
     return "the new key is now the only one the doors accept"
 
 
@@ -742,14 +734,13 @@ ROUTER_HEALTH_ARGS = [
 def _router_component(config: StackConfig, engine_urls: list[str]) -> Component:
     """vllm-router on the main engine port (behind its door with auth; and its metrics port),
     in front of the engines."""
-    extra = list(ROUTER_HEALTH_ARGS)
-    if config.auth:
-        extra += ["--api-key", (config.keys_dir / ROUTER_KEY).read_text()]
     port = config.router_listen_port
     argv = router_argv(
-        engine_urls, config.router_policy, port, config.router_metrics_port, extra,
-        host="127.0.0.1" if config.auth else config.host,
+        engine_urls, config.router_policy, port, config.router_metrics_port,
+        list(ROUTER_HEALTH_ARGS), host="127.0.0.1" if config.auth else config.host,
     )  # fmt: skip
+    if config.auth:  # its key read from its file: never on a command line
+        argv = keyed_router_argv(argv, config.keys_dir / ROUTER_KEY)
     # Its health checks (2 s) and the policy's first calls: bounded, not a model load.
     return Component(
         "router", argv, f"http://127.0.0.1:{port}", port,
@@ -763,18 +754,19 @@ def _door_component(
 ) -> Component:
     """nginx with the chart's door configuration on `port`, in front of 127.0.0.1:`upstream`."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    keys = [CURRENT_KEY, NEXT_KEY] + ([ROUTER_KEY] if role == "engine" and config.routed else [])
+    key_names = [CURRENT_KEY, NEXT_KEY]
+    key_names += [ROUTER_KEY] if role == "engine" and config.routed else []
     door_config = door.DoorConfig(
         role=role,
         listen=f"{config.host}:{port}",
         upstream_port=upstream,
         keys_dir=str(config.keys_dir.resolve()),
-        key_names=tuple(keys),
+        key_names=tuple(key_names),
         keyed_paths=door.default_keyed_paths(),
         router_render=config.routed and config.router_policy == "cache_aware",
         timeout_s=1800,
         shutdown_timeout_s=door.default_shutdown_timeout(),  # a graceful stop, as in a pod
-        worker_user=getpass.getuser() if os.geteuid() == 0 else None,
+        worker_user=worker[0] if (worker := keys.door_worker()) else None,
     )
     home = (config.state_dir / name).resolve()
     conf = door.write_conf(door_config, home / "conf")
@@ -884,6 +876,8 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
             + ", ".join(f"{name} (pids {' '.join(map(str, pids))})" for name, pids in left.items())
             + f"; the state stays in {_state_path(state_dir)}"
         )
+    if state.config.auth:
+        keys.remove_keys(state.config.keys_dir)
     _state_path(state_dir).unlink(missing_ok=True)
     return stopped
 

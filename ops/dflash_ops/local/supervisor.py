@@ -30,6 +30,19 @@ from dflash_ops.errors import UserError
 MARKER_VARIABLE = "DFLASH_LOCAL_PROCESS"
 
 
+def is_key_variable(name: str) -> bool:
+    """A variable that carries an API key (VLLM_API_KEY, OPENAI_API_KEY, ...): no process of
+    the stack inherits one. VLLM_API_KEY would turn on vLLM's own key check behind the door,
+    where the stack's readiness probes carry no key; the others are no business of theirs."""
+    return name.upper().endswith(("API_KEY", "API_KEYS"))
+
+
+def component_environment(extra: dict[str, str] | None, marker: str) -> dict[str, str]:
+    """A component's environment: the caller's without its key variables, then `extra`."""
+    inherited = {k: v for k, v in os.environ.items() if not is_key_variable(k)}
+    return inherited | (extra or {}) | {MARKER_VARIABLE: marker}
+
+
 class ProcessRecord(BaseModel):
     name: str
     pid: int
@@ -133,7 +146,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=cwd,
-            env=os.environ | (env or {}) | {MARKER_VARIABLE: marker},
+            env=component_environment(env, marker),
         )
     record = ProcessRecord(
         name=name,

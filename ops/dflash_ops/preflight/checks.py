@@ -185,6 +185,7 @@ def check_cluster(needs: ReleaseNeeds, namespace: str, cluster: ClusterReader) -
         )
         if kind == "RayCluster" and crd is not None:
             checks.append(check_kuberay_upgrades(crd))
+            checks.append(check_kuberay_auth(crd))
 
     ns_ok = cluster.namespace_exists(namespace)
     checks.append(
@@ -221,24 +222,40 @@ def check_cluster(needs: ReleaseNeeds, namespace: str, cluster: ClusterReader) -
     return checks
 
 
-def check_kuberay_upgrades(crd: dict[str, Any]) -> Check:
-    """KubeRay >= 1.6 knows spec.upgradeStrategy: older operators prune it, and `helm upgrade`
-    then changes the RayCluster without ever replacing its running pods."""
+def _kuberay_field(crd: dict[str, Any], name: str, field: str, what: str, lacking: str) -> Check:
+    """A served version of the RayCluster CRD has spec.<field>: an operator without it prunes
+    the field, and `lacking` is what then happens."""
     knows = False
     for version in crd.get("spec", {}).get("versions", []):
         schema = version.get("schema", {}).get("openAPIV3Schema", {})
         spec = schema.get("properties", {}).get("spec", {})
-        if "upgradeStrategy" in spec.get("properties", {}):
+        if field in spec.get("properties", {}):
             knows = True
     return Check(
-        name="KubeRay upgrades",
+        name=name,
         ok=knows,
-        detail="RayCluster CRD has spec.upgradeStrategy (KubeRay >= 1.6)"
+        detail=f"RayCluster CRD has spec.{field} ({what})"
         if knows
-        else "RayCluster CRD has no spec.upgradeStrategy (KubeRay < 1.6): a helm upgrade would "
-        "never replace the running Ray pods",
+        else f"RayCluster CRD has no spec.{field} (an operator older than {what}): {lacking}",
         fix="" if knows else "upgrade the KubeRay operator and its CRDs to 1.6 or later",
     )
+
+
+def check_kuberay_auth(crd: dict[str, Any]) -> Check:
+    """KubeRay >= 1.5.1 knows spec.authOptions (secretName from 1.6)."""
+    return _kuberay_field(
+        crd, "KubeRay Ray authentication", "authOptions", "KubeRay 1.5.1",
+        "Ray would run without its token (distributed.rayAuth), whoever reaches its ports "
+        "running code in the head pod",
+    )  # fmt: skip
+
+
+def check_kuberay_upgrades(crd: dict[str, Any]) -> Check:
+    """KubeRay >= 1.6 knows spec.upgradeStrategy."""
+    return _kuberay_field(
+        crd, "KubeRay upgrades", "upgradeStrategy", "KubeRay 1.6",
+        "a helm upgrade would never replace the running Ray pods",
+    )  # fmt: skip
 
 
 def report(checks: list[Check], fmt: str) -> int:

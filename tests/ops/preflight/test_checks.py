@@ -174,6 +174,9 @@ def test_an_old_kuberay_is_caught() -> None:
     old = by_name(check_cluster(release, "llm", RecordedCluster(crds="crds-kuberay-1.5.json")))
     check = old["KubeRay upgrades"]
     assert not check.ok and "1.6" in check.fix
+    assert current["KubeRay Ray authentication"].ok
+    auth = old["KubeRay Ray authentication"]
+    assert not auth.ok and "authOptions" in auth.detail and "1.6" in auth.fix
 
 
 def test_preflight_and_render_take_the_same_value_arguments() -> None:

@@ -15,11 +15,28 @@ function presented(r) {
     return bearer ? bearer[1] : '';
 }
 
-function keyOk(r) {
+// The configured keys, read from their files now.
+function keys(r) {
     const names = (r.variables.dflash_key_names || '').split(' ').filter(function (n) {
         return n !== '';
     });
-    if (names.length === 0) {
+    const found = [];
+    for (var i = 0; i < names.length; i++) {
+        try {
+            var key = fs.readFileSync(r.variables.dflash_keys_dir + '/' + names[i], 'utf8').trim();
+            if (key) {
+                found.push(key);
+            }
+        } catch (e) {
+            // an optional key (the next one) that is not in the Secret
+        }
+    }
+    return { configured: names.length > 0, values: found };
+}
+
+function keyOk(r) {
+    const known = keys(r);
+    if (!known.configured) {
         return '1'; // no keys configured: the door only enforces the allow-list
     }
     const given = presented(r);
@@ -27,18 +44,47 @@ function keyOk(r) {
         return '0';
     }
     const want = digest(given);
-    for (var i = 0; i < names.length; i++) {
-        var key;
-        try {
-            key = fs.readFileSync(r.variables.dflash_keys_dir + '/' + names[i], 'utf8').trim();
-        } catch (e) {
-            continue; // an optional key (the next one) that is not in the Secret
-        }
-        if (key && digest(key) === want) {
+    for (var i = 0; i < known.values.length; i++) {
+        if (digest(known.values[i]) === want) {
             return '1';
         }
     }
     return '0';
 }
 
-export default { keyOk };
+// Query parameters that carry credentials by their name.
+const CREDENTIAL_PARAMETER = /^(api[-_]?key|key|access[-_]?token|token|auth|authorization|bearer|password|secret)$/i;
+
+function decoded(text) {
+    try {
+        return decodeURIComponent(text.replace(/\+/g, ' '));
+    } catch (e) {
+        return text;
+    }
+}
+
+// '0' when the URL carries a credential: a parameter named like one, or one of the keys
+// anywhere in the path or the query. Such a request is refused before it is proxied, so the
+// key reaches no log (nginx's error log and vLLM's access log both print the request line).
+function urlOk(r) {
+    const raw = r.variables.request_uri || '';
+    const query = r.variables.args || '';
+    if (query) {
+        const parameters = query.split('&');
+        for (var i = 0; i < parameters.length; i++) {
+            if (CREDENTIAL_PARAMETER.test(decoded(parameters[i].split('=')[0]))) {
+                return '0';
+            }
+        }
+    }
+    const plain = decoded(raw);
+    const known = keys(r).values;
+    for (var j = 0; j < known.length; j++) {
+        if (raw.indexOf(known[j]) >= 0 || plain.indexOf(known[j]) >= 0) {
+            return '0';
+        }
+    }
+    return '1';
+}
+
+export default { keyOk, urlOk };
