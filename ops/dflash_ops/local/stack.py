@@ -855,6 +855,7 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
 def down(state_dir: Path, quiet: bool = False) -> list[str]:
     state = load_state(state_dir)
     if state is None:
+        keys.remove_keys(keys.keys_dir(state_dir))  # of an `up` killed before it saved a state
         if not quiet:
             say(f"nothing running (no {_state_path(state_dir)})")
         return []
@@ -876,8 +877,7 @@ def down(state_dir: Path, quiet: bool = False) -> list[str]:
             + ", ".join(f"{name} (pids {' '.join(map(str, pids))})" for name, pids in left.items())
             + f"; the state stays in {_state_path(state_dir)}"
         )
-    if state.config.auth:
-        keys.remove_keys(state.config.keys_dir)
+    keys.remove_keys(state.config.keys_dir)  # also those an `up --auth` refused had written
     _state_path(state_dir).unlink(missing_ok=True)
     return stopped
 

@@ -128,10 +128,12 @@ def test_no_component_inherits_a_key_variable(monkeypatch: pytest.MonkeyPatch) -
     assert env["DFLASH_KEEP_ME"] == "1" and env[supervisor.MARKER_VARIABLE] == "m"
 
 
-def test_down_removes_the_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize("saved", [True, False], ids=["with-state", "up-killed-before-a-state"])
+def test_down_removes_the_keys(tmp_path: Path, saved: bool) -> None:
     cfg = stack.StackConfig(state_dir=tmp_path, auth=True)
     keys.write_key(cfg.keys_dir, keys.CURRENT_KEY, KEY)
-    stack._save_state(stack.StackState(config=cfg, processes=[]))
+    if saved:
+        stack._save_state(stack.StackState(config=cfg, processes=[]))
     stack.down(tmp_path, quiet=True)
     assert not cfg.keys_dir.exists()
 
