@@ -17,7 +17,10 @@ K="${DEMO_K:-4}"
 LEVELS="${DEMO_CONCURRENCY:-1,8}"
 OUT="${DEMO_OUT:-bench-out}"
 OFF_STATE=.local-stack-off
-WORKLOAD=(--concurrency "$LEVELS" --duration 12 --max-tokens 64 --repeats 3)
+# Greedy and to 64 tokens, as the reference measurement (DEMO_SAMPLING="--temperature 1" shows
+# what sampled traffic gets: speculation buys much less there).
+read -r -a SAMPLING <<<"${DEMO_SAMPLING:---temperature 0 --ignore-eos}"
+WORKLOAD=(--concurrency "$LEVELS" --duration 12 --max-tokens 64 --repeats 3 "${SAMPLING[@]}")
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 started=$SECONDS

@@ -30,6 +30,7 @@ def test_local_sweep_interrupted_resumed_and_recommended(tmp_path: Path, models_
         "--state-dir", str(state_dir), "--enforce-eager", "--k", "2,4",
         "--concurrency", "1,4", "--num-prompts", "4", "--repeats", "2", "--warmup", "1",
         "--max-tokens", "24", "--schedule", "1-1:4,2-:1", "--out", str(out),
+        "--temperature", "0", "--ignore-eos",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = out / "points" / "draft_model-k4" / "requests.jsonl"

@@ -197,7 +197,8 @@ def run_bench(
         [
             sys.executable, "-m", "dflash_ops.cli", "bench", "--base-url", engine.url,
             "--concurrency", "2", "--num-requests", "4", "--repeats", "1",
-            "--max-tokens", "8", "--out", str(out), *extra,
+            "--max-tokens", "8", "--temperature", "0", "--ignore-eos", "--out", str(out),
+            *extra,
         ],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -134,6 +134,7 @@ def test_the_benchmark_through_the_router_sums_the_replicas(
          "--metrics-url", replicas.engines[0], "--metrics-url", replicas.engines[1],
          "--dataset-name", "shared-prefix", "--prefix-groups", "8", "--random-input-len", "120",
          "--num-prompts", "48", "--concurrency", "4", "--max-tokens", "8", "--repeats", "1",
+         "--temperature", "0", "--ignore-eos",
          "--api-key", replicas.key, "--result-dir", str(out)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -322,6 +323,7 @@ def start_bench(replicas: Replicas, key: str, prompts: int, out: Path) -> subpro
     return subprocess.Popen(
         [*CLI, "bench", "--base-url", replicas.router, "--api-key", key,
          "--num-prompts", str(prompts), "--concurrency", "4", "--max-tokens", "16",
+         "--temperature", "0", "--ignore-eos",
          "--repeats", "1", "--result-dir", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

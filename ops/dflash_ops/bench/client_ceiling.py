@@ -24,6 +24,7 @@ from dflash_ops.bench.core.prompts import build
 from dflash_ops.bench.core.results import BenchSettings
 from dflash_ops.bench.core.run_directory import RunDirectory
 from dflash_ops.bench.core.runner import Level, Progress, run_pass
+from dflash_ops.bench.core.sampling import Sampling
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import start_server
 
@@ -37,10 +38,15 @@ main(parser.parse_args(sys.argv[1:]))
 """
 
 
+# Both clients send sampled requests (ours a seed per request too), as users' traffic is.
+SAMPLING = Sampling(temperature=1.0, top_p=0.95, ignore_eos=True)
+
+
 class ClientCeiling(BaseModel):
     concurrency: int
     requests: int
     max_tokens: int
+    sampling: str = SAMPLING.describe()
     ours_tokens_per_s: list[float]
     vllm_tokens_per_s: list[float]
 
@@ -52,14 +58,14 @@ class ClientCeiling(BaseModel):
 
 
 async def _ours(url: str, concurrency: int, requests: int, max_tokens: int, work: Path) -> float:
-    endpoint = Endpoint(url)
+    endpoint = Endpoint(url, sampling=SAMPLING)
     # Every request written to requests.jsonl as it completes, as a real run does.
     directory = RunDirectory(work / "ours")
     try:
         prompts = build("random", requests, input_len=32)
         settings = BenchSettings(
             prompt_set="random", input_len=32, max_tokens=max_tokens, num_requests=requests,
-            duration_s=None, repeats=1, warmup=0, seed=0,
+            duration_s=None, repeats=1, warmup=0, seed=0, sampling=SAMPLING,
         )  # fmt: skip
         run, _ = await run_pass(
             endpoint,
@@ -97,7 +103,9 @@ def _vllm(url: str, concurrency: int, requests: int, max_tokens: int, work: Path
         "--model", "fake", "--tokenizer", str(_tokenizer_dir()), "--dataset-name", "random",
         "--random-input-len", "32", "--random-output-len", str(max_tokens),
         "--num-prompts", str(requests), "--max-concurrency", str(concurrency),
-        "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(work),
+        "--ignore-eos", "--temperature", f"{SAMPLING.temperature:g}",
+        "--top-p", f"{SAMPLING.top_p:g}",
+        "--disable-tqdm", "--save-result", "--result-dir", str(work),
         "--result-filename", result.name,
     ]  # fmt: skip
     done = subprocess.run(

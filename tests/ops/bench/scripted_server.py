@@ -19,6 +19,8 @@
                 (the sweep tests' stand-in helm) set speculative.method=off: speculation always
                 wins; no /metrics (no running batch)
 
+/echo/T/...     instant; GET /echo/T/bodies lists the chat request bodies it received
+
 `--die-after N`: the process exits (as a crashed server) when its Nth chat request arrives.
 """
 
@@ -187,6 +189,20 @@ def scripted() -> web.Application:
     app.router.add_post("/off-slow/{token}/deployed", record_upgrade)
     app.router.add_get("/off-slow/{token}/v1/models", models)
     app.router.add_post("/off-slow/{token}/v1/chat/completions", off_slow_chat)
+
+    bodies: dict[str, list[dict[str, Any]]] = {}
+
+    async def echo_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.setdefault(request.match_info["token"], []).append(body)
+        return await stream_tokens(request, int(body.get("max_tokens", 4)))
+
+    async def echo_bodies(request: web.Request) -> web.Response:
+        return web.json_response(bodies.get(request.match_info["token"], []))
+
+    app.router.add_get("/echo/{token}/v1/models", models)
+    app.router.add_post("/echo/{token}/v1/chat/completions", echo_chat)
+    app.router.add_get("/echo/{token}/bodies", echo_bodies)
     return app
 
 

@@ -171,7 +171,8 @@ def test_compare_puts_runs_side_by_side_with_ratios_to_the_first(instant_server:
         level.output_tokens_per_s.mean /= 2
     only_one = a.model_copy(update={"levels": a.levels[1:]})
     table = report.compare([("mtp3", a), ("dflash2", slower), ("off", only_one)])
-    header, _, *rows = table.splitlines()
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert "Workload of every run: temperature 0 (greedy), ignore-eos." in table
     assert header == "| metric | level | mtp3 | dflash2 | off | dflash2 / mtp3 | off / mtp3 |"
     # Only the level all three share, every metric a row, each run's ratio to the first.
     assert {row.split(" | ")[1] for row in rows} == {"concurrency 2"}

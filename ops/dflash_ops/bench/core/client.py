@@ -1,4 +1,5 @@
-"""Talk to the endpoint: streaming and greedy chat completions, the model list, and /metrics.
+"""Talk to the endpoint: streamed chat completions (sampled as the run says; greedy for the
+losslessness check), the model list, and /metrics.
 
 Streaming requests record what a serving benchmark reports per request: time to the first
 content chunk (TTFT), the gaps between chunks (inter-token latency: vLLM streams one chunk per
@@ -9,18 +10,20 @@ complete events are decoded, so the client stays far from being the bottleneck.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import aiohttp
 from dflash_sidecar import metrics_parser
 
 from dflash_ops.bench.core.results import DEFAULT_REQUEST_TIMEOUT_S
+from dflash_ops.bench.core.sampling import Sampling
 from dflash_ops.errors import UserError
 from dflash_ops.urls import check_http_url
 
@@ -53,6 +56,10 @@ class RequestRecord:
     error_kind: ErrorKind | None = None
     token_count_source: Literal["usage", "tokenizer"] = "usage"
     prompt_id: str = ""
+    seed: int | None = None  # the sampling seed the request was sent, if any
+    # sha256 of the streamed text (its first 16 hex digits): two runs' outputs compared
+    # without keeping them (a seeded sampled run repeats where the engine honours seeds).
+    output_digest: str | None = None
 
     @property
     def latency_s(self) -> float:
@@ -80,8 +87,10 @@ class Endpoint:
         api_key: str | None = None,
         token_counter: Callable[[str], int] | None = None,
         metrics_urls: list[str] | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.base_url = check_base_url(base_url)
+        self.sampling = sampling if sampling is not None else Sampling.recorded_before_sampling()
         # Engines whose counters are summed (replicas behind a router); none: the target's own.
         self.metrics_urls = [check_base_url(url) for url in metrics_urls or []]
         self.timeout_s = timeout_s
@@ -226,24 +235,20 @@ class Endpoint:
                     return int(blocks) * int(size)
         return None
 
-    def _body(self, model: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-        return {
+    async def stream_chat(
+        self, model: str, messages: list[dict[str, str]], max_tokens: int, seed: int | None = None
+    ) -> RequestRecord:
+        """One streamed request, sampled as self.sampling says (`seed`: the request's, sent
+        when it samples); never raises for a failed request (recorded instead)."""
+        body = {
             "model": model,
             "messages": messages,
             "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-
-    async def stream_chat(
-        self, model: str, messages: list[dict[str, str]], max_tokens: int
-    ) -> RequestRecord:
-        """One streamed greedy request; never raises for a failed request (recorded instead)."""
-        body = self._body(model, messages, max_tokens) | {
+            **self.sampling.body(seed),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        record = RequestRecord(ok=False, start=time.perf_counter())
+        record = RequestRecord(ok=False, start=time.perf_counter(), seed=body.get("seed"))
         text: list[str] = []
         try:
             async with self.session.post(
@@ -297,6 +302,8 @@ class Endpoint:
             record.error_kind = "protocol"
             record.end = time.perf_counter()
             return record
+        if text:
+            record.output_digest = hashlib.sha256("".join(text).encode()).hexdigest()[:16]
         if record.chunk_times_s:
             record.ttft_s = record.chunk_times_s[0]
             record.end = record.start + record.chunk_times_s[-1]
@@ -321,8 +328,16 @@ class Endpoint:
     async def chat_token_ids(
         self, model: str, messages: list[dict[str, str]], max_tokens: int
     ) -> list[int]:
-        """Completion token ids of one greedy request (for the losslessness check)."""
-        body = self._body(model, messages, max_tokens) | {"return_token_ids": True}
+        """Completion token ids of one greedy request (for the losslessness check), to
+        max_tokens whatever the run's sampling."""
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         try:
             async with self.session.post(
                 self.base_url + "/v1/chat/completions", json=body

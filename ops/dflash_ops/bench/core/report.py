@@ -33,7 +33,8 @@ def markdown(result: BenchResult) -> str:
     lines = [
         f"# Benchmark: {result.model} at {result.base_url}",
         "",
-        f"Prompt set `{s.prompt_set}`, greedy, max_tokens {s.max_tokens}, {length} per run, "
+        f"Prompt set `{s.prompt_set}`, sampling: {s.sampling.describe()}; max_tokens "
+        f"{s.max_tokens}, {length} per run, "
         f"{s.repeats} run(s) per level after {s.warmup} warm-up request(s); streamed; started "
         f"{result.started_at}. Throughput is mean ± stdev (min-max) over the runs; latencies in "
         "ms over every request of the level (interpolated percentiles, n = samples). ITL is the "
@@ -172,10 +173,41 @@ def plot(result: BenchResult, path: Path) -> None:
     plt.close(fig)
 
 
-def compare(runs: list[tuple[str, BenchResult]]) -> str:
+class DifferentWorkloads(ValueError):
+    """The runs measured different workloads (the requests or their sampling)."""
+
+
+def workload_differences(runs: list[tuple[str, BenchResult]]) -> dict[str, list[str]]:
+    """Each workload aspect (BenchSettings.workload) on which the runs differ: its value per
+    run, in the runs' order."""
+    workloads = [result.settings.workload() for _, result in runs]
+    return {
+        aspect: [w[aspect] for w in workloads]
+        for aspect in workloads[0]
+        if len({w[aspect] for w in workloads}) > 1
+    }
+
+
+def compare(runs: list[tuple[str, BenchResult]], different_workloads: bool = False) -> str:
     """One table of several runs, per load level they all share, with each run's ratio to the
-    first (the baseline). Raises ValueError when they share no level."""
-    names = [name for name, _ in runs]
+    first (the baseline). Raises ValueError when they share no level, DifferentWorkloads when
+    they measured different workloads, unless `different_workloads` (then each run whose
+    workload differs from the baseline's is marked, and the differences listed)."""
+    differences = workload_differences(runs)
+    if differences and not different_workloads:
+        aspect, per_run = next(iter(differences.items()))
+        which = "; ".join(
+            f"{name}: {value}" for (name, _), value in zip(runs, per_run, strict=True)
+        )
+        raise DifferentWorkloads(
+            f"the runs measured different workloads, so their ratios would mislead: {aspect} "
+            f"differs ({which})" + (f", and {len(differences) - 1} more" if len(differences) > 1
+                                    else "")
+        )  # fmt: skip
+    baseline = runs[0][1].settings.workload()
+    names = [
+        name + (" (*)" if result.settings.workload() != baseline else "") for name, result in runs
+    ]
     by_label = [{level.label: level for level in result.levels} for _, result in runs]
     shared = [label for label in by_label[0] if all(label in other for other in by_label[1:])]
     if not shared:
@@ -209,6 +241,14 @@ def compare(runs: list[tuple[str, BenchResult]]) -> str:
     partial = [n for n, (_, r) in zip(names, runs, strict=True) if r.status != "complete"]
     if partial:
         lines += ["", f"Not complete (see their results.md): {', '.join(partial)}."]
+    if differences:
+        lines += ["", "(*) measured another workload than the baseline:"]
+        lines += [
+            f"- {aspect}: " + "; ".join(f"{n}: {v}" for n, v in zip(names, shown, strict=True))
+            for aspect, shown in differences.items()
+        ]
+    else:
+        lines += ["", f"Workload of every run: {runs[0][1].settings.sampling.describe()}."]
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.prompts import PromptSetName
+from dflash_ops.bench.core.sampling import Sampling
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How a run ended: every level measured, stopped by the user, or stopped by a failure.
@@ -232,6 +233,24 @@ class BenchSettings(BaseModel):
         description="engines whose /metrics the counters are summed over (replicas behind a "
         "router, --metrics-url); empty: the target's own /metrics",
     )
+    sampling: Sampling = Field(
+        default_factory=Sampling.recorded_before_sampling,
+        description="how the target sampled the requests (absent in results written before it "
+        "was recorded: they were all greedy, to max_tokens)",
+    )
+
+    def workload(self) -> dict[str, str]:
+        """What the figures depend on besides the server: the requests and their sampling, by
+        name, as a reader compares them."""
+        dataset = self.prompt_set + (f" ({self.dataset_path})" if self.dataset_path else "")
+        return {
+            "dataset": dataset,
+            "input length": str(self.input_len),
+            "max tokens": str(self.max_tokens),
+            "prefix groups": str(self.prefix_groups),
+            "dataset seed": str(self.seed),
+            "sampling": self.sampling.describe(),
+        }
 
 
 class BenchResult(BaseModel):

@@ -1,7 +1,8 @@
 """The output folder of a run, written while the run goes on so nothing measured is lost:
 
-- `requests.jsonl`: one line per request as it completes (level, run, prompt id, TTFT, the time
-  of every streamed chunk, output tokens and how they were counted, the error if any);
+- `requests.jsonl`: one line per request as it completes (level, run, prompt id, the sampling
+  seed it was sent if any, TTFT, the time of every streamed chunk, output tokens and how they
+  were counted, a digest of the output text, the error if any);
 - `results.json` and `results.md`: rewritten after every pass and level, atomically (a reader
   never sees half a file), with `status` running / complete / interrupted / failed;
 - `acceptance.png`: drawn once, when the run ends.
@@ -37,12 +38,14 @@ def request_line(label: str, run: int, record: RequestRecord, origin: float) -> 
         "level": label,
         "run": run,
         "prompt_id": record.prompt_id,
+        "seed": record.seed,
         "ok": record.ok,
         "start_ms": _ms(record.start - origin),
         "ttft_ms": _ms(record.ttft_s),
         "tpot_ms": _ms(record.tpot_s),
         "e2e_ms": _ms(record.latency_s),
         "output_tokens": record.output_tokens,
+        "output_digest": record.output_digest,
         "prompt_tokens": record.prompt_tokens,
         "token_count_source": record.token_count_source,
         "chunk_times_ms": [round(t * 1000, 3) for t in record.chunk_times_s],

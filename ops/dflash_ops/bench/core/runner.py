@@ -47,6 +47,7 @@ from dflash_ops.bench.core.results import (
     SpecDecodeStats,
     Spread,
 )
+from dflash_ops.bench.core.sampling import request_seed
 from dflash_ops.errors import UserError
 
 
@@ -200,7 +201,7 @@ async def run_pass(
 ) -> tuple[RunResult, list[RequestRecord]]:
     """One pass of a level: the settings' number of requests, or arrivals for its duration; its
     result and its own records (goodput counted against the settings' objectives). `seed` draws
-    the arrivals (each pass of a level its own).
+    the arrivals and the requests' sampling seeds (each pass of a level its own).
 
     Records land in `outcome` as they complete (so an interrupted pass keeps them; `outcome`
     may already hold earlier passes' records). A request that cannot connect makes the pass
@@ -214,7 +215,8 @@ async def run_pass(
     deadline = None if duration_s is None else started + duration_s
     issued = 0
 
-    def next_prompt() -> Prompt | None:
+    def next_prompt() -> tuple[Prompt, int] | None:
+        """The next request's prompt and its index in the pass."""
         nonlocal issued
         if outcome.stop_reason is not None:
             return None
@@ -224,11 +226,14 @@ async def run_pass(
             return None
         prompt = prompts[issued % len(prompts)]
         issued += 1
-        return prompt
+        return prompt, issued - 1
 
-    async def send(prompt: Prompt) -> None:
+    async def send(prompt: Prompt, index: int) -> None:
         record = await endpoint.stream_chat(
-            model, prompt.messages, prompt.max_tokens or settings.max_tokens
+            model,
+            prompt.messages,
+            prompt.max_tokens or settings.max_tokens,
+            request_seed(seed, index),
         )
         record.prompt_id = prompt.id
         records.append(record)
@@ -242,8 +247,8 @@ async def run_pass(
     if level.concurrency is not None:
 
         async def worker() -> None:
-            while (prompt := next_prompt()) is not None:
-                await send(prompt)
+            while (request := next_prompt()) is not None:
+                await send(*request)
 
         await asyncio.gather(*(worker() for _ in range(level.concurrency)))
     else:
@@ -252,14 +257,14 @@ async def run_pass(
         cap = asyncio.Semaphore(level.max_concurrency or 1_000_000)
         tasks = []
 
-        async def capped(prompt: Prompt) -> None:
+        async def capped(prompt: Prompt, index: int) -> None:
             async with cap:
-                await send(prompt)
+                await send(prompt, index)
 
         arrival = time.perf_counter()
         try:
-            while (prompt := next_prompt()) is not None:
-                tasks.append(asyncio.create_task(capped(prompt)))
+            while (request := next_prompt()) is not None:
+                tasks.append(asyncio.create_task(capped(*request)))
                 arrival += rng.expovariate(level.request_rate)
                 await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
                 if deadline is not None and arrival >= deadline:
@@ -620,6 +625,7 @@ async def run_bench(
         api_key=target.api_key,
         token_counter=target.token_counter,
         metrics_urls=settings.metrics_urls,
+        sampling=settings.sampling,
     )
     compared = target.reference
     reference = Endpoint(compared.url, api_key=target.api_key) if compared else None

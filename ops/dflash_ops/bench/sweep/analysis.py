@@ -91,6 +91,18 @@ class SweepAnalysis(BaseModel):
     schedule_derivation: str | None = Field(
         default=None, description="the measurements a derived schedule came from"
     )
+    workload: dict[str, str] = Field(
+        default_factory=dict,
+        description="what every setting was measured under: the requests and their sampling "
+        "(BenchSettings.workload); the recommendation holds for this workload",
+    )
+
+    def measured_under(self) -> str:
+        """One line: the sampling first, then the requests."""
+        if not self.workload:
+            return "an unrecorded workload"
+        rest = ", ".join(f"{k} {v}" for k, v in self.workload.items() if k != "sampling")
+        return f"sampling {self.workload.get('sampling', 'unrecorded')}; {rest}"
 
 
 def figures(setting: Setting, level: LevelResult) -> PointFigures:
@@ -203,6 +215,7 @@ def analyse(
         schedule=verdict,
         schedule_note=schedule_note,
         schedule_derivation=schedule_derivation,
+        workload=next(iter(results.values())).settings.workload() if results else {},
     )
 
 
@@ -284,6 +297,7 @@ def recommended_values(analysis: SweepAnalysis, results: dict[Setting, BenchResu
             )
         elif analysis.schedule_note:
             lines.append(f"# No k schedule: {analysis.schedule_note}")
+    lines.append(f"# Measured under {analysis.measured_under()}: choose k under your traffic's.")
     if any(s.method == "draft_model" for s in results):
         lines.append(
             "# Measured on the CPU local stack, whose draft model stands in for DFlash2: "
@@ -304,6 +318,8 @@ def recommended_values(analysis: SweepAnalysis, results: dict[Setting, BenchResu
 
 def table(analysis: SweepAnalysis) -> str:
     lines = [
+        f"Measured under {analysis.measured_under()}.",
+        "",
         "| setting | level | output tok/s | TPOT p99 ms | TTFT p99 ms | mean acceptance length "
         "| planned KV tokens (A100 TP2) |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -39,7 +39,7 @@ def run_client_ceiling(args: argparse.Namespace) -> int:
     ours = statistics.fmean(ceiling.ours_tokens_per_s)
     line = (
         f"client ceiling at concurrency {args.concurrency}, {args.num_requests} requests x "
-        f"{args.max_tokens} tokens: dflash-serve bench {ours:,.0f} tok/s"
+        f"{args.max_tokens} tokens ({ceiling.sampling}): dflash-serve bench {ours:,.0f} tok/s"
     )
     if ceiling.ratio is not None:
         line += (

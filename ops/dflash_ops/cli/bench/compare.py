@@ -20,6 +20,13 @@ def register(actions: Any) -> None:
         metavar="RUN",
         help="results.json files or their directories; the first is the baseline (e.g. MTP-3)",
     )
+    compare.add_argument(
+        "--different-workloads",
+        action="store_true",
+        help="put runs of different workloads (sampling, dataset, lengths) side by side anyway: "
+        "each run whose workload differs from the baseline's is marked (*), the differences "
+        "listed; without it such runs are refused",
+    )
     compare.set_defaults(handler=run_compare)
 
 
@@ -43,7 +50,9 @@ def run_compare(args: argparse.Namespace) -> int:
             raise UserError(f"{path} is not a dflash-serve results.json: {detail}") from None
         loaded.append((_results_path(given).parent.name or str(given), result))
     try:
-        print(report.compare(loaded))
+        print(report.compare(loaded, args.different_workloads))
+    except report.DifferentWorkloads as err:
+        raise UserError(f"{err}; pass --different-workloads to compare them anyway") from None
     except ValueError:
         levels = "; ".join(
             f"{name}: {', '.join(lv.label for lv in r.levels) or 'none'}" for name, r in loaded

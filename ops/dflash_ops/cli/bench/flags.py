@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from dflash_ops.errors import UserError
 if TYPE_CHECKING:
     from dflash_ops.bench.core.results import BenchSettings
     from dflash_ops.bench.core.runner import Level
+    from dflash_ops.bench.core.sampling import Sampling
 
 # Bounds of the load a run may ask for: far above any real use, small enough to end.
 MAX_CONCURRENCY = 4096
@@ -104,7 +106,14 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=number(int, 0, 10_000), default=2, help="warm-up requests (2)"
     )
-    parser.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0)
+    parser.add_argument(
+        "--seed",
+        type=number(int, 0, 2**32 - 1),
+        default=0,
+        help="seeds the dataset's sampling (as vllm bench serve) and each sampled request's "
+        "seed (0)",
+    )
+    add_sampling_flags(parser)
     parser.add_argument(
         "--request-timeout",
         type=number(float, 0, MAX_SECONDS, low_open=True),
@@ -127,6 +136,57 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "as levels and requests complete (bench-out)",
     )
     parser.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """vllm bench serve's sampling flags, with its meanings: a flag left out is not sent, and
+    the server's generation defaults apply (vLLM's: temperature 1, unless the model's
+    generation_config says otherwise)."""
+    group = parser.add_argument_group(
+        "sampling",
+        "Acceptance depends on how the target samples: measure under your traffic's sampling. "
+        "Left out, a parameter is not sent and the server's default applies (as in vllm bench "
+        "serve); --temperature 0 is greedy.",
+    )
+    group.add_argument(
+        "--temperature", type=number(float, 0, 100), help="sampling temperature (0: greedy)"
+    )
+    group.add_argument("--top-p", type=number(float, 0, 1, low_open=True), help="top-p (0 to 1]")
+    group.add_argument("--top-k", type=number(int, -1, 1_000_000), help="top-k (-1 or 0: off)")
+    group.add_argument("--min-p", type=number(float, 0, 1), help="min-p [0, 1]")
+    group.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate --max-tokens whatever the model says (always on with --dataset-name "
+        "random, as in vllm bench serve)",
+    )
+    group.add_argument(
+        "--request-seeds",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send each sampled request a seed derived from --seed, so a run repeats where "
+        "the engine honours seeds (greedy requests get none; default: on)",
+    )
+
+
+def sampling_of(args: argparse.Namespace) -> Sampling:
+    from dflash_ops.bench.core.sampling import Sampling
+
+    if args.temperature is None:
+        print(
+            "note: no --temperature: the requests carry none, so the server's default sampling "
+            "applies (vLLM's: temperature 1 unless the model's generation_config says "
+            "otherwise), as with vllm bench serve; --temperature 0 is greedy",
+            file=sys.stderr,
+        )
+    return Sampling(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        ignore_eos=args.ignore_eos or args.dataset_name == "random",
+        request_seeds=args.request_seeds,
+    )
 
 
 def check_out(out: Path) -> None:
@@ -175,6 +235,7 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         goodput=args.goodput or {},
         tokenizer=args.tokenizer,
         metrics_urls=args.metrics_urls or [],
+        sampling=sampling_of(args),
     )
 
 
