@@ -187,6 +187,7 @@ def reference_table(args: argparse.Namespace) -> int:
     concurrency 1 and 4, the 10 fixed prompts, greedy; printed in the reference's layout."""
     from dflash_ops.bench.core.results import BenchSettings
     from dflash_ops.bench.core.runner import Level
+    from dflash_ops.bench.core.sampling import Sampling
     from dflash_ops.bench.sweep.analysis import table
     from dflash_ops.bench.sweep.deployers import Setting
     from dflash_ops.bench.sweep.run import SweepPlan, load_results, run_sweep
@@ -204,6 +205,7 @@ def reference_table(args: argparse.Namespace) -> int:
             warmup=2,
             seed=0,
             request_timeout_s=args.request_timeout,
+            sampling=Sampling(temperature=args.temperature, ignore_eos=True),
         ),
         deployer="gpu-acceptance",
         schedule="off",  # the reference's settings only
@@ -249,6 +251,11 @@ def bench(engine: Engine, args: argparse.Namespace, name: str, *extra: str) -> A
         str(out),
         "--format",
         "json",
+        # Sampled as --temperature says (0, greedy, by default: the reference measurement's,
+        # which --min-acceptance is calibrated on), to --max-tokens.
+        "--temperature",
+        f"{args.temperature:g}",
+        "--ignore-eos",
         *extra,
     ]
     return run_json(argv, timeout=args.request_timeout * 20)
@@ -308,6 +315,13 @@ def main() -> int:
     parser.add_argument("--gpu", default="a100", choices=["a100", "h100"])
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--min-acceptance", type=float, default=3.0)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="the benchmarks' sampling temperature (0: greedy, as the reference measurement and "
+        "--min-acceptance; your traffic's, to see what it gets: lower --min-acceptance with it)",
+    )
     parser.add_argument("--min-prefix-hit-rate", type=float, default=0.5)
     parser.add_argument("--startup-timeout", type=int, default=3600)
     parser.add_argument("--request-timeout", type=float, default=600)

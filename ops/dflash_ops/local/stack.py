@@ -29,7 +29,7 @@ from dflash_ops import door
 from dflash_ops.errors import UserError
 from dflash_ops.local import keys
 from dflash_ops.local.keys import CURRENT_KEY, NEXT_KEY, ROUTER_KEY
-from dflash_ops.local.paying_model import PayingPairSpec, build_pair
+from dflash_ops.local.paying_model import PayingPairSpec, build_pair, pair_is_current
 from dflash_ops.local.router import PROCESS_TITLE, keyed_router_argv, router_argv
 from dflash_ops.local.supervisor import (
     ProcessRecord,
@@ -247,7 +247,7 @@ def _save_state(state: StackState) -> None:
 
 def ensure_models(config: StackConfig) -> None:
     if config.models == "paying":
-        if not (config.draft_dir / "model.safetensors").is_file():
+        if not pair_is_current(config.draft_dir, PayingPairSpec()):
             say(
                 f"building the paying pair in {config.models_dir} (a ~180M bfloat16 target and "
                 "a draft of its first 2 layers; about 15 s)"

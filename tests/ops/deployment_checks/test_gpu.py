@@ -96,3 +96,9 @@ def test_reference_table_runs_the_sweep_with_one_engine_per_setting(tmp_path: Pa
         *(("dflash", k) for k in range(3, 8)),
     ]
     assert all(c.get("model") == "d2" for c in configs if c["method"] == "dflash")
+    # Greedy to max_tokens, as the reference measurement, and the results say so.
+    points = sorted((tmp_path / "work" / "reference-sweep" / "points").glob("*/results.json"))
+    assert len(points) == 6
+    for point in points:
+        sampling = json.loads(point.read_text())["settings"]["sampling"]
+        assert (sampling["temperature"], sampling["ignore_eos"]) == (0.0, True)

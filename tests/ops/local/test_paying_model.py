@@ -109,3 +109,35 @@ def test_a_draft_as_deep_as_the_target_is_refused(tmp_path: Path) -> None:
     spec = SMALL.model_copy(update={"draft_layers": SMALL.num_hidden_layers})
     with pytest.raises(ValueError, match="draft_layers 4 must be below"):
         build_pair(tmp_path / "t", tmp_path / "d", spec)
+
+
+def test_the_logit_scale_peaks_sampling_and_keeps_the_greedy_choice(tmp_path: Path) -> None:
+    """The same seeded pair with and without the logit scale: every argmax is the same, the
+    distribution at temperature 1 far more peaked; and a pair built from another spec is not
+    taken for the current one."""
+    import torch
+    from dflash_ops.local.pair_profile import profile
+    from dflash_ops.local.paying_model import pair_is_current
+    from transformers import AutoModelForCausalLM
+
+    flat = SMALL.model_copy(update={"logit_scale": 1.0})
+    peaked = SMALL.model_copy(update={"logit_scale": 4.0})
+    build_pair(tmp_path / "flat-target", tmp_path / "flat-draft", flat)
+    build_pair(tmp_path / "peaked-target", tmp_path / "peaked-draft", peaked)
+    assert pair_is_current(tmp_path / "peaked-draft", peaked)
+    assert not pair_is_current(tmp_path / "flat-draft", peaked)
+    ids = torch.arange(3, 40)[None]
+    with torch.no_grad():
+        argmax = [
+            AutoModelForCausalLM.from_pretrained(tmp_path / f"{name}-target", dtype=torch.float32)
+            .eval()(ids)
+            .logits[0]
+            .argmax(-1)
+            for name in ("flat", "peaked")
+        ]
+    assert bool((argmax[0] == argmax[1]).all())
+    before = profile(tmp_path / "flat-target", tmp_path / "flat-draft", 1.0, 2, 8)
+    after = profile(tmp_path / "peaked-target", tmp_path / "peaked-draft", 1.0, 2, 8)
+    assert after.mean_entropy_nats < before.mean_entropy_nats - 0.5, (before, after)
+    assert after.mean_top_probability > before.mean_top_probability
+    assert 0 < after.exact_first_acceptance <= 1 and after.positions == 16
