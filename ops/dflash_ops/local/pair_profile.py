@@ -4,9 +4,11 @@
 
 The target samples continuations of the fixed prompts at the temperature; at every position it
 reports the target's next-token entropy (nats) and top-token probability, the greedy agreement of
-draft and target (their argmax equal), and the first draft token's acceptance that exact
-speculative sampling gives, sum_x min(p_target(x), p_draft(x)). An engine's measured acceptance
-far below that last figure points at its rejection sampler, not at the draft.
+draft and target (their argmax equal), and the acceptance of a draft token that exact
+verification gives: for a greedy draft (vLLM's default `draft_sample_method`: the draft's argmax,
+no draft probabilities), p_target(argmax p_draft); for a sampled draft, sum_x min(p_target(x),
+p_draft(x)). An engine's measured acceptance far from the figure for its draft method points at
+its verification, not at the draft.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ class PairProfile(BaseModel):
     uniform_entropy_nats: float
     mean_top_probability: float
     greedy_agreement: float
-    exact_first_acceptance: float
+    greedy_draft_acceptance: float
+    sampled_draft_acceptance: float
 
     def describe(self) -> str:
         return (
             f"temperature {self.temperature:g}, {self.positions} positions: target entropy "
             f"{self.mean_entropy_nats:.2f} nats (uniform {self.uniform_entropy_nats:.2f}), top "
             f"token {self.mean_top_probability:.2f} of the mass; greedy agreement "
-            f"{self.greedy_agreement:.2f}; exact speculative sampling accepts the first draft "
-            f"token {self.exact_first_acceptance:.2f} of the time"
+            f"{self.greedy_agreement:.2f}; exact verification accepts a draft token "
+            f"{self.greedy_draft_acceptance:.2f} of the time from a greedy draft, "
+            f"{self.sampled_draft_acceptance:.2f} from a sampled one"
         )
 
 
@@ -54,7 +58,7 @@ def profile(
     target.train(False)  # inference mode (no dropout)
     draft.train(False)
     generator = torch.Generator().manual_seed(seed)
-    entropy = top = agree = accept = 0.0
+    entropy = top = agree = greedy_accept = sampled_accept = 0.0
     count = 0
     with torch.no_grad():
         for _, text in fixed_prompts()[:prompts]:
@@ -67,7 +71,8 @@ def profile(
                 entropy += float(-(p * torch.log(p.clamp_min(1e-30))).sum())
                 top += float(p.max())
                 agree += float(target_logits.argmax() == draft_logits.argmax())
-                accept += float(torch.minimum(p, q).sum())
+                greedy_accept += float(p[draft_logits.argmax()])
+                sampled_accept += float(torch.minimum(p, q).sum())
                 count += 1
                 ids = torch.cat([ids, torch.multinomial(p, 1, generator=generator)[None]], 1)
     vocab = int(target.config.vocab_size)
@@ -79,7 +84,8 @@ def profile(
         uniform_entropy_nats=math.log(vocab),
         mean_top_probability=top / count,
         greedy_agreement=agree / count,
-        exact_first_acceptance=accept / count,
+        greedy_draft_acceptance=greedy_accept / count,
+        sampled_draft_acceptance=sampled_accept / count,
     )
 
 

@@ -140,4 +140,5 @@ def test_the_logit_scale_peaks_sampling_and_keeps_the_greedy_choice(tmp_path: Pa
     after = profile(tmp_path / "peaked-target", tmp_path / "peaked-draft", 1.0, 2, 8)
     assert after.mean_entropy_nats < before.mean_entropy_nats - 0.5, (before, after)
     assert after.mean_top_probability > before.mean_top_probability
-    assert 0 < after.exact_first_acceptance <= 1 and after.positions == 16
+    assert 0 < after.greedy_draft_acceptance <= after.sampled_draft_acceptance <= 1
+    assert after.positions == 16
