@@ -436,6 +436,7 @@ class EngineMonitor:
                 last_error=self.scrapes.last_error,
                 last_scrape_age_s=None if latest is None else max(0.0, now - latest),
             ),
+            baseline=self.settings.baseline,
         )
 
     def _update_verdict(self) -> None:

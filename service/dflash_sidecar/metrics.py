@@ -81,6 +81,19 @@ class SidecarCollector(Collector):
         for name, value in monitor.settings.thresholds.model_dump().items():
             thresholds.add_metric([name], float(value))
         yield thresholds
+        if (baseline := monitor.settings.baseline) is not None:
+            info = GaugeMetricFamily(
+                "dflash_verdict_baseline_info",
+                "The baseline the verdict thresholds are fractions of: the model, k and sampling "
+                "it was measured on, and where (1 while it is in force; absent: the constants).",
+                labels=["model", "k", "sampling", "source"],
+            )
+            info.add_metric(
+                [baseline.model, str(baseline.num_speculative_tokens), baseline.sampling,
+                 baseline.source],
+                1.0,
+            )  # fmt: skip
+            yield info
         if monitor.settings.speculative_tokens is not None:
             k = GaugeMetricFamily(
                 "dflash_speculative_tokens",

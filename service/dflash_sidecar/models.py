@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from dflash_sidecar.baseline import Baseline
 from dflash_sidecar.engine_state import EngineState
 from dflash_sidecar.verdict import Verdict
 
@@ -71,3 +72,8 @@ class StatsResponse(BaseModel):
     windows: dict[str, WindowStats] = Field(description="all series together")
     series: list[SeriesStats]
     scrape: ScrapeHealth
+    baseline: Baseline | None = Field(
+        default=None,
+        description="the baseline the verdict judges against (its thresholds: fractions of "
+        "it), with the sampling and workload it was measured on; null: the constant thresholds",
+    )

@@ -15,6 +15,7 @@ import difflib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import (
@@ -22,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     field_validator,
     model_validator,
@@ -29,6 +31,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
+from dflash_sidecar.baseline import Baseline, load_baseline, thresholds_from
 from dflash_sidecar.verdict import VerdictThresholds
 
 DEFAULT_WINDOWS = {"1m": 60.0, "5m": 300.0, "15m": 900.0}
@@ -41,6 +44,7 @@ SECONDS: JsonDict = {"unit": "s"}
 
 class SidecarSettings(BaseModel):
     model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+    _baseline: Baseline | None = PrivateAttr(default=None)
 
     engine_url: AnyHttpUrl = Field(
         default=AnyHttpUrl("http://127.0.0.1:8000"),
@@ -150,6 +154,12 @@ class SidecarSettings(BaseModel):
         json_schema_extra=SECONDS,
     )
     thresholds: VerdictThresholds = Field(default_factory=VerdictThresholds)
+    baseline_file: str | None = Field(
+        default=None,
+        description="the acceptance a healthy deployment showed on your traffic (a sweep's "
+        "recommended-values.yaml with sidecar.baseline, or the baseline alone): the verdict "
+        "thresholds become fractions of it (set no thresholds with it)",
+    )
     kubernetes_events: bool = Field(
         default=False,
         description="emit Kubernetes Events on the pod when the verdict changes "
@@ -192,7 +202,28 @@ class SidecarSettings(BaseModel):
                 "kubernetes_events needs pod_name and pod_namespace "
                 "(DFLASH_SIDECAR_POD_NAME / DFLASH_SIDECAR_POD_NAMESPACE from the downward API)"
             )
+        if self.baseline_file is not None:
+            return self._with_baseline(self.baseline_file)
         return self
+
+    def _with_baseline(self, path: str) -> SidecarSettings:
+        """These settings with the thresholds the baseline in `path` gives."""
+        if self.thresholds != VerdictThresholds():
+            raise ValueError(
+                "baseline_file and verdict thresholds both given: a baseline sets the thresholds "
+                "(as fractions of it); drop one"
+            )
+        baseline = load_baseline(Path(path), self.served_model, self.speculative_tokens)
+        judged = self.model_copy(
+            update={"thresholds": thresholds_from(baseline, base=self.thresholds)}
+        )
+        judged._baseline = baseline
+        return judged
+
+    @property
+    def baseline(self) -> Baseline | None:
+        """The baseline in force (baseline_file's), if any."""
+        return self._baseline
 
     @property
     def engine_base(self) -> str:

@@ -136,3 +136,55 @@ def test_a_baseline_of_another_model_or_k_is_refused(tmp_path: Path) -> None:
 def test_the_fractions_are_ordered() -> None:
     with pytest.raises(ValueError, match="collapsed fraction must be below"):
         BaselineFractions(degraded=0.3, collapsed=0.4)
+
+
+def test_the_sidecar_judges_against_its_baseline_and_says_which(
+    tmp_path: Path, before_text: str, after_text: str
+) -> None:
+    """--baseline-file: the exported thresholds (which the collapse alert reads) are the
+    baseline's fractions, /stats and /metrics name the baseline in force."""
+    from dflash_sidecar.app import create_app
+    from dflash_sidecar.engine_monitor import EngineMonitor
+    from fastapi.testclient import TestClient
+
+    from tests.service.fake_engine import FakeEngine
+    from tests.service.test_app import fast_settings, wait_for
+
+    path = write(tmp_path / "baseline.json", json.loads(SAMPLED.model_dump_json()))
+    settings = fast_settings(baseline_file=str(path))
+    assert settings.baseline == SAMPLED and settings.thresholds == thresholds_from(SAMPLED)
+    engine = FakeEngine(before_text)
+    monitor = EngineMonitor(settings, client=engine.client())
+    with TestClient(create_app(settings, monitor)) as client:
+        wait_for(lambda: client.get("/readyz").status_code == 200)
+        stats = client.get("/stats").json()
+        assert stats["baseline"]["sampling"] == SAMPLED.sampling
+        body = client.get("/metrics").text
+    derived = thresholds_from(SAMPLED)
+    line = 'dflash_verdict_threshold{threshold="degraded_mean_acceptance_length"}'
+    assert f"{line} {derived.degraded_mean_acceptance_length}" in body
+    assert 'dflash_verdict_baseline_info{k="2",model="paying"' in body
+    without = fast_settings()
+    assert without.baseline is None
+
+
+def test_baseline_settings_that_cannot_work_get_one_line(tmp_path: Path) -> None:
+    import argparse
+
+    from dflash_ops.cli import build_parser
+    from dflash_ops.cli.sidecar import settings_from
+    from dflash_ops.errors import UserError
+
+    path = write(tmp_path / "baseline.json", json.loads(SAMPLED.model_dump_json()))
+    parser = build_parser()
+    for extra, expected in (
+        (["--speculative-tokens", "7"], "measured at k 2, and the engine drafts up to k 7"),
+        (["--degraded-position0", "0.3"], "baseline_file and verdict thresholds both given"),
+        (["--served-model", "other"], "measured on model 'paying'"),
+    ):
+        args: argparse.Namespace = parser.parse_args(
+            ["sidecar", "--baseline-file", str(path), *extra]
+        )
+        with pytest.raises(UserError) as refused:
+            settings_from(args, {})
+        assert expected in str(refused.value) and "\n" not in str(refused.value)
