@@ -146,6 +146,15 @@ def register(subparsers: Any) -> None:
         help="vLLM's --max-model-len, 256 to 8192 (the tiny model's positions)",
     )
     up.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="FILE",
+        help="the acceptance a healthy deployment showed on your traffic: a bench results.json "
+        "(of this pair at this k, sampled as your traffic is), a baseline file, or a "
+        "recommended-values.yaml with sidecar.baseline; the sidecars' verdict and the collapse "
+        "alert then judge against it instead of greedy constants",
+    )
+    up.add_argument(
         "--door-base-port",
         type=_port,
         default=8200,
@@ -244,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
                 auth=auth,
                 door_base_port=args.door_base_port,
                 max_model_len=args.max_model_len,
+                baseline=args.baseline,
             )
         except ValidationError as err:
             problem = err.errors()[0]

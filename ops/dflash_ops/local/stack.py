@@ -127,6 +127,12 @@ class StackConfig(BaseModel):
     max_model_len: int = Field(
         default=2048, ge=256, le=8192, description="vLLM's --max-model-len (prompt + output)"
     )
+    baseline: Path | None = Field(
+        default=None,
+        description="the acceptance a healthy deployment showed on your traffic (a baseline "
+        "file, a recommended-values.yaml with sidecar.baseline, or a bench results.json): the "
+        "sidecars judge against it",
+    )
     engine_threads: int | None = Field(
         default=None,
         ge=1,
@@ -436,6 +442,36 @@ def _check_door_installed() -> None:
         )
 
 
+def baseline_path(config: StackConfig) -> Path:
+    """Where `up` writes the baseline the sidecars read (taken from config.baseline)."""
+    return config.state_dir / "baseline.yaml"
+
+
+def _prepare_baseline(config: StackConfig) -> None:
+    """The baseline of config.baseline, checked against the stack (its model and k) before
+    anything starts, written where the sidecars read it."""
+    if config.baseline is None:
+        return
+    from dflash_ops.bench.core.baseline import read_baseline
+
+    if config.method == "off":
+        raise UserError("--baseline judges speculative decoding: --method is off")
+    baseline = read_baseline(config.baseline)
+    if baseline.model != config.served_model:
+        raise UserError(
+            f"--baseline {config.baseline} was measured on model {baseline.model!r}, and this "
+            f"stack serves {config.served_model!r}: take it from a run of this pair"
+        )
+    if baseline.num_speculative_tokens != config.num_speculative_tokens:
+        raise UserError(
+            f"--baseline {config.baseline} was measured at k {baseline.num_speculative_tokens}, "
+            f"and this stack drafts up to k {config.num_speculative_tokens}: pass --k "
+            f"{baseline.num_speculative_tokens} or take it from a run at k "
+            f"{config.num_speculative_tokens}"
+        )
+    baseline_path(config).write_text(yaml.safe_dump(baseline.model_dump(mode="json")))
+
+
 def _prepare_keys(config: StackConfig, api_key: str | None, running: bool) -> None:
     current = config.keys_dir / CURRENT_KEY
     if not running:
@@ -502,6 +538,7 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
     elif api_key is not None:
         raise UserError("an API key needs the door: StackConfig(auth=True)")
     state = load_state(config.state_dir)
+    _prepare_baseline(config)
     if config.auth:
         _prepare_keys(
             config, api_key, state is not None and any(group_members(p) for p in state.processes)
@@ -678,6 +715,11 @@ def _components(config: StackConfig) -> list[Component]:
                 *(
                     ["--speculative-tokens", str(config.num_speculative_tokens)]
                     if config.method != "off"
+                    else []
+                ),
+                *(
+                    ["--baseline-file", str(baseline_path(config).resolve())]
+                    if config.baseline is not None
                     else []
                 ),
             ],
