@@ -34,6 +34,15 @@ LAYOUT = {
     "model.hfTokenSecret.key": ["model.hfTokenSecret.name=hf"],
     "serviceAccount.name": ["serviceAccount.create=false"],
     "modelCache.storageClass": [],
+    # A whole baseline, so that the one field under test (given in the values file, not --set)
+    # reaches the render.
+    "sidecar.baseline": [
+        "sidecar.baseline.model=qwen3.8-flash-next",
+        "sidecar.baseline.num_speculative_tokens=7",
+        "sidecar.baseline.mean_acceptance_length=2",
+        "sidecar.baseline.per_position_acceptance={1,1,0,0,0,0,0}",  # --set: no floats
+        "sidecar.baseline.sampling=greedy",
+    ],
 }
 
 
@@ -120,6 +129,7 @@ def render_with(path: str, value: str, tmp_path: Path) -> list[Any] | str:
     document = nested(path + ".*", value) if path in MAPS else nested(path, value)
     values.write_text(json.dumps(document))
     sets = next((s for prefix, s in LAYOUT.items() if target.startswith(prefix)), [])
+    sets = [s for s in sets if not s.startswith(target + "=")]  # the values file gives it
     try:
         text = helm_template([values], sets, "dflash", "llm")
     except UserError as err:

@@ -223,6 +223,11 @@ Call with (dict "root" $ "role" ROLE). */}}
     {{- end }}
     - name: DFLASH_SIDECAR_MIN_DRAFTS
       value: {{ .Values.sidecar.thresholds.minDrafts | quote }}
+    {{- if .Values.sidecar.baseline }}
+    # The baseline sets the four acceptance thresholds (sidecar.baseline).
+    - name: DFLASH_SIDECAR_BASELINE_FILE
+      value: /etc/dflash-sidecar/baseline.yaml
+    {{- else }}
     - name: DFLASH_SIDECAR_COLLAPSED_MEAN_ACCEPTANCE_LENGTH
       value: {{ .Values.sidecar.thresholds.collapsedMeanAcceptanceLength | quote }}
     - name: DFLASH_SIDECAR_DEGRADED_MEAN_ACCEPTANCE_LENGTH
@@ -231,6 +236,7 @@ Call with (dict "root" $ "role" ROLE). */}}
       value: {{ .Values.sidecar.thresholds.collapsedPosition0 | quote }}
     - name: DFLASH_SIDECAR_DEGRADED_POSITION0
       value: {{ .Values.sidecar.thresholds.degradedPosition0 | quote }}
+    {{- end }}
     {{- if .Values.sidecar.kubernetesEvents }}
     - name: DFLASH_SIDECAR_KUBERNETES_EVENTS
       value: "true"
@@ -243,6 +249,12 @@ Call with (dict "root" $ "role" ROLE). */}}
         fieldRef:
           fieldPath: metadata.namespace
     {{- end }}
+  {{- if .Values.sidecar.baseline }}
+  volumeMounts:
+    - name: sidecar-baseline
+      mountPath: /etc/dflash-sidecar
+      readOnly: true
+  {{- end }}
   ports:
     - name: sidecar
       containerPort: {{ .Values.sidecar.port }}
@@ -287,6 +299,11 @@ Call with (dict "root" $ "role" ROLE). */}}
   emptyDir:
     medium: Memory
     sizeLimit: {{ .Values.shm.sizeLimit | quote }}
+{{- end }}
+{{- if .Values.sidecar.baseline }}
+- name: sidecar-baseline
+  configMap:
+    name: {{ include "dflash-serve.fullname" . }}-sidecar-baseline
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}

@@ -45,6 +45,17 @@
 {{- if not (has .Values.rollout.strategy (list "auto" "Recreate" "RollingUpdate")) -}}
 {{- fail (printf "rollout.strategy %q is unknown: use auto, Recreate or RollingUpdate" .Values.rollout.strategy) -}}
 {{- end -}}
+{{- with .Values.sidecar.baseline -}}
+{{- if eq $method "off" -}}
+{{- fail "sidecar.baseline judges speculative decoding, and speculative.method is off: remove sidecar.baseline" -}}
+{{- end -}}
+{{- if ne (int .num_speculative_tokens) (int (include "dflash-serve.k" $)) -}}
+{{- fail (printf "sidecar.baseline was measured at k %d, and the release drafts up to k %d (speculative.numSpeculativeTokens): measure it again at this k (bench sweep)" (int .num_speculative_tokens) (int (include "dflash-serve.k" $))) -}}
+{{- end -}}
+{{- if ne (toString .model) (toString $.Values.model.servedName) -}}
+{{- fail (printf "sidecar.baseline was measured on model %q, and the release serves %q (model.servedName): measure it on this model" (toString .model) (toString $.Values.model.servedName)) -}}
+{{- end -}}
+{{- end -}}
 {{- include "dflash-serve.validateDoor" . -}}
 {{- include "dflash-serve.validateNames" . -}}
 {{- include "dflash-serve.validateEngineArgs" . -}}

@@ -94,3 +94,38 @@ def test_local_up_checks_the_baseline_against_the_stack_before_starting(
     with pytest.raises(UserError, match=expected):
         stack.up(config)
     assert not list((tmp_path / "state").glob("*.log"))  # nothing started
+
+
+def test_a_sweep_hands_its_recommendation_a_baseline_the_chart_takes(
+    sampled_run: BenchResult, tmp_path: Path
+) -> None:
+    """The sweep's recommended values with sidecar.baseline (the helm deployer's), rendered by
+    the real chart for a release serving the measured model: the sidecar's own loader reads the
+    baseline back from the ConfigMap."""
+    from dflash_ops.bench.sweep.analysis import analyse, recommended_values, sweep_baseline
+    from dflash_ops.bench.sweep.deployers import Setting
+    from dflash_ops.chart.helm import helm_template
+    from dflash_sidecar.baseline import load_baseline
+
+    k = baseline_of(sampled_run, "run").num_speculative_tokens
+    slower = sampled_run.model_copy(deep=True)
+    for level in slower.levels:
+        level.output_tokens_per_s.mean /= 3
+        level.spec_decode = None
+    results = {Setting(0, "draft_model"): slower, Setting(k, "dflash"): sampled_run}
+    analysis = analyse(results, with_capacity=False)
+    baseline = sweep_baseline(analysis, results)
+    assert baseline is not None and baseline.num_speculative_tokens == k
+    values = tmp_path / "recommended-values.yaml"
+    values.write_text(recommended_values(analysis, results, baseline))
+    text = values.read_text()
+    assert "# sidecar.baseline: the acceptance measured here" in text
+    assert "# Measured under sampling temperature 1, per-request seeds, ignore-eos" in text
+    rendered = helm_template([values], ["model.servedName=fake"], "dflash", "llm")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered) if d}
+    data = docs[("ConfigMap", "dflash-dflash-serve-sidecar-baseline")]["data"]["baseline.yaml"]
+    (tmp_path / "baseline.yaml").write_text(data)
+    assert load_baseline(tmp_path / "baseline.yaml", "fake", k) == baseline
+    # Without speculation recommended, no baseline.
+    faster_off = {Setting(0, "draft_model"): sampled_run, Setting(k, "dflash"): slower}
+    assert sweep_baseline(analyse(faster_off, with_capacity=False), faster_off) is None

@@ -6,10 +6,13 @@ per-position acceptance at the largest k, beside what was measured."""
 from __future__ import annotations
 
 from dflash_sidecar.acceptance_window import acceptance_length_at
+from dflash_sidecar.baseline import Baseline
 from pydantic import BaseModel, Field
 
+from dflash_ops.bench.core.baseline import baseline_of
 from dflash_ops.bench.core.results import BenchResult, LevelResult
 from dflash_ops.bench.sweep.deployers import Setting
+from dflash_ops.errors import UserError
 from dflash_ops.vocabulary import SpeculativeMethod
 
 
@@ -269,9 +272,42 @@ def verify_schedule(
     )
 
 
-def recommended_values(analysis: SweepAnalysis, results: dict[Setting, BenchResult]) -> str:
+def recommended_setting(analysis: SweepAnalysis, results: dict[Setting, BenchResult]) -> Setting:
+    """The verified schedule's setting, or else the recommendation at the highest load."""
+    by_key = {s.key: s for s in results}
+    verdict = analysis.schedule
+    if verdict is not None and verdict.recommended:
+        return by_key[verdict.setting]
+    return by_key[analysis.recommendations[-1].recommended]
+
+
+def sweep_baseline(analysis: SweepAnalysis, results: dict[Setting, BenchResult]) -> Baseline | None:
+    """The acceptance at the recommended setting's largest k, from the static setting at that k
+    (a schedule's own run drafts lowered k's), as the sidecar's baseline; None when the
+    recommendation is no speculation or that static setting was not measured."""
+    setting = recommended_setting(analysis, results)
+    static = next(
+        (s for s in results if not s.schedule and s.k == setting.k and s.method == setting.method),
+        None,
+    )
+    if setting.k == 0 or static is None:
+        return None
+    try:
+        baseline = baseline_of(results[static], f"bench sweep, {static.key}")
+    except UserError:  # a server that exports no acceptance: nothing to judge against
+        return None
+    # Per-position figures for another k than the setting's: not this setting's engine.
+    return baseline if baseline.num_speculative_tokens == static.k else None
+
+
+def recommended_values(
+    analysis: SweepAnalysis,
+    results: dict[Setting, BenchResult],
+    baseline: Baseline | None = None,
+) -> str:
     """The chart values for the verified schedule, or else for the recommendation at the
-    highest measured load, as YAML with the other levels' picks in comments."""
+    highest measured load, as YAML with the other levels' picks in comments; with `baseline`,
+    sidecar.baseline too (the verdict then judges against this traffic)."""
     by_key = {s.key: s for s in results}
     picks = analysis.recommendations
     last = picks[-1]
@@ -310,9 +346,18 @@ def recommended_values(analysis: SweepAnalysis, results: dict[Setting, BenchResu
         speculative["schedule"] = setting.schedule
     import yaml
 
-    body = yaml.safe_dump(
-        {"speculative": speculative, "engine": {"blockSize": "auto"}}, sort_keys=False
-    )
+    values: dict[str, object] = {"speculative": speculative, "engine": {"blockSize": "auto"}}
+    if baseline is not None:
+        lines.append(
+            "# sidecar.baseline: the acceptance measured here; the verdict and the collapse alert "
+            "judge against it."
+        )
+        values["sidecar"] = {"baseline": baseline.model_dump(mode="json")}
+    elif setting.k:
+        lines.append(
+            "# The sidecar's baseline for this traffic: baseline.yaml (local up --baseline)."
+        )
+    body = yaml.safe_dump(values, sort_keys=False)
     return "\n".join(lines) + "\n" + body
 
 

@@ -4,7 +4,9 @@ DIR/sweep.json holds the plan and which settings are measured; each setting's be
 DIR/points/KEY/ (the same files as `bench`). A sweep started again with the same plan skips the
 settings already measured and re-runs the one it was stopped in; a different plan is refused
 unless --fresh. When every setting is measured: DIR/sweep-results.json (figures, recommendation,
-prediction vs measurement), DIR/sweep.md, DIR/recommended-values.yaml and the pictures.
+prediction vs measurement), DIR/sweep.md, DIR/recommended-values.yaml (with the helm deployer
+and a speculative recommendation, sidecar.baseline: the acceptance measured on this traffic),
+DIR/baseline.yaml (the same baseline, for `local up --baseline`) and the pictures.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
 from dflash_ops.bench.core.run_directory import BenchInterrupted, run_into, save_json
 from dflash_ops.bench.core.runner import BenchStopped, Level, Target
-from dflash_ops.bench.sweep.analysis import SweepAnalysis, analyse, recommended_values, table
+from dflash_ops.bench.sweep.analysis import (
+    SweepAnalysis,
+    analyse,
+    recommended_values,
+    sweep_baseline,
+    table,
+)
 from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
 from dflash_ops.errors import UserError
 from dflash_ops.speculative_schedule import parse_schedule, short_form
@@ -183,6 +191,14 @@ def finish(out: Path, plan: SweepPlan, state: SweepState) -> SweepAnalysis:
     )
     save_json(out / "sweep-results.json", analysis.model_dump_json(indent=2))
     (out / "sweep.md").write_text(table(analysis))
-    (out / "recommended-values.yaml").write_text(recommended_values(analysis, results))
+    baseline = sweep_baseline(analysis, results)
+    if baseline is not None:
+        import yaml
+
+        (out / "baseline.yaml").write_text(yaml.safe_dump(baseline.model_dump(mode="json")))
+    # The baseline goes into the chart's values only when measured on the release itself: the
+    # local stack's pair is not the model the chart serves.
+    in_values = baseline if plan.deployer == "helm" else None
+    (out / "recommended-values.yaml").write_text(recommended_values(analysis, results, in_values))
     plots.draw(results, out)
     return analysis
