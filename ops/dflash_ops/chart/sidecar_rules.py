@@ -29,7 +29,7 @@ FROM_ELSEWHERE: dict[str, str | None] = {
     "kubernetes_events": "sidecar.kubernetesEvents",
     "pod_name": None,
     "pod_namespace": None,
-    "baseline_file": None,  # not set by the chart yet
+    "baseline_file": None,  # the mounted sidecar.baseline (templates/sidecar-baseline.yaml)
 }
 
 

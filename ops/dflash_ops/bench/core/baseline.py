@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_sidecar.baseline import Baseline, BaselineError, load_baseline
+from dflash_sidecar.verdict import k_lowered
 from pydantic import ValidationError
 
-from dflash_ops.bench.core.results import BenchResult
+from dflash_ops.bench.core.results import BenchResult, requests_described
 from dflash_ops.errors import UserError
 
 
@@ -24,7 +25,7 @@ def baseline_of(result: BenchResult, source: str) -> Baseline:
         )
     k = max(len(s.per_position_acceptance) for s in levels)
     drafts = sum(s.drafts for s in levels)
-    lowered = [s for s in levels if s.k_in_effect is not None and s.k_in_effect < k * 0.95]
+    lowered = [s for s in levels if k_lowered(s.k_in_effect, k)]
     if lowered or any(len(s.per_position_acceptance) != k for s in levels):
         raise UserError(
             f"{source}: a k schedule lowered k during the run; take the baseline from a run at "
@@ -40,8 +41,8 @@ def baseline_of(result: BenchResult, source: str) -> Baseline:
             num_speculative_tokens=k,
             mean_acceptance_length=1 + sum(per_position),
             per_position_acceptance=per_position,
-            sampling=workload.pop("sampling"),
-            workload=", ".join(f"{name} {value}" for name, value in workload.items()),
+            sampling=workload["sampling"],
+            workload=requests_described(workload),
             source=f"{source} ({result.started_at})",
         )
     except ValidationError as err:

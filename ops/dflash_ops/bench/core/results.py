@@ -253,6 +253,12 @@ class BenchSettings(BaseModel):
         }
 
 
+def requests_described(workload: dict[str, str]) -> str:
+    """The requests of a workload (BenchSettings.workload) in one line, its sampling left out:
+    `dataset fixed, input length 256, ...`."""
+    return ", ".join(f"{name} {value}" for name, value in workload.items() if name != "sampling")
+
+
 class BenchResult(BaseModel):
     base_url: str
     model: str
