@@ -126,6 +126,11 @@ def test_a_sweep_hands_its_recommendation_a_baseline_the_chart_takes(
     data = docs[("ConfigMap", "dflash-dflash-serve-sidecar-baseline")]["data"]["baseline.yaml"]
     (tmp_path / "baseline.yaml").write_text(data)
     assert load_baseline(tmp_path / "baseline.yaml", "fake", k) == baseline
+    # Measured on another model than the chart's (the local deployer): only named, and only
+    # when there is one.
+    named = recommended_values(analysis, results, baseline, baseline_in_values=False)
+    assert "baseline.yaml (local up --baseline)" in named and "sidecar" not in yaml.safe_load(named)
+    assert "baseline.yaml" not in recommended_values(analysis, results, None)
     # Without speculation recommended, no baseline.
     faster_off = {Setting(0, "draft_model"): sampled_run, Setting(k, "dflash"): slower}
     assert sweep_baseline(analyse(faster_off, with_capacity=False), faster_off) is None

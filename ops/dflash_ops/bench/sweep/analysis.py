@@ -10,7 +10,7 @@ from dflash_sidecar.baseline import Baseline
 from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.baseline import baseline_of
-from dflash_ops.bench.core.results import BenchResult, LevelResult
+from dflash_ops.bench.core.results import BenchResult, LevelResult, requests_described
 from dflash_ops.bench.sweep.deployers import Setting
 from dflash_ops.errors import UserError
 from dflash_ops.vocabulary import SpeculativeMethod
@@ -104,8 +104,8 @@ class SweepAnalysis(BaseModel):
         """One line: the sampling first, then the requests."""
         if not self.workload:
             return "an unrecorded workload"
-        rest = ", ".join(f"{k} {v}" for k, v in self.workload.items() if k != "sampling")
-        return f"sampling {self.workload.get('sampling', 'unrecorded')}; {rest}"
+        sampling = self.workload.get("sampling", "unrecorded")
+        return f"sampling {sampling}; {requests_described(self.workload)}"
 
 
 def figures(setting: Setting, level: LevelResult) -> PointFigures:
@@ -304,23 +304,23 @@ def recommended_values(
     analysis: SweepAnalysis,
     results: dict[Setting, BenchResult],
     baseline: Baseline | None = None,
+    baseline_in_values: bool = True,
 ) -> str:
     """The chart values for the verified schedule, or else for the recommendation at the
-    highest measured load, as YAML with the other levels' picks in comments; with `baseline`,
-    sidecar.baseline too (the verdict then judges against this traffic)."""
-    by_key = {s.key: s for s in results}
+    highest measured load, as YAML with the other levels' picks in comments. With `baseline`:
+    sidecar.baseline too (the verdict then judges against this traffic), or, unless
+    `baseline_in_values`, a comment naming baseline.yaml, where the sweep writes it."""
+    setting = recommended_setting(analysis, results)
     picks = analysis.recommendations
     last = picks[-1]
     verdict = analysis.schedule
     if verdict is not None and verdict.recommended:
-        setting = by_key[verdict.setting]
         lines = [
             f"# dflash-serve bench sweep: the k schedule {verdict.schedule}, within the measured",
             "# spread of the best static setting at every level. Per level (best static):",
             *(f"#   {lv.level}: {lv.ratio:.2f}x of {lv.best_static}" for lv in verdict.levels),
         ]
     else:
-        setting = by_key[last.recommended]
         lines = [
             "# dflash-serve bench sweep: the smallest k within the measured spread of the fastest",
             f"# setting at {last.level} (the highest load measured). Per level:",
@@ -347,13 +347,13 @@ def recommended_values(
     import yaml
 
     values: dict[str, object] = {"speculative": speculative, "engine": {"blockSize": "auto"}}
-    if baseline is not None:
+    if baseline is not None and baseline_in_values:
         lines.append(
             "# sidecar.baseline: the acceptance measured here; the verdict and the collapse alert "
             "judge against it."
         )
         values["sidecar"] = {"baseline": baseline.model_dump(mode="json")}
-    elif setting.k:
+    elif baseline is not None:
         lines.append(
             "# The sidecar's baseline for this traffic: baseline.yaml (local up --baseline)."
         )

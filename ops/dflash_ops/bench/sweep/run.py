@@ -198,7 +198,8 @@ def finish(out: Path, plan: SweepPlan, state: SweepState) -> SweepAnalysis:
         (out / "baseline.yaml").write_text(yaml.safe_dump(baseline.model_dump(mode="json")))
     # The baseline goes into the chart's values only when measured on the release itself: the
     # local stack's pair is not the model the chart serves.
-    in_values = baseline if plan.deployer == "helm" else None
-    (out / "recommended-values.yaml").write_text(recommended_values(analysis, results, in_values))
+    (out / "recommended-values.yaml").write_text(
+        recommended_values(analysis, results, baseline, baseline_in_values=plan.deployer == "helm")
+    )
     plots.draw(results, out)
     return analysis
