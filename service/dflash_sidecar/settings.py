@@ -208,10 +208,13 @@ class SidecarSettings(BaseModel):
 
     def _with_baseline(self, path: str) -> SidecarSettings:
         """These settings with the thresholds the baseline in `path` gives."""
-        if self.thresholds != VerdictThresholds():
+        # min_drafts stays a setting of its own; the four acceptance thresholds are the
+        # baseline's to set.
+        defaults = VerdictThresholds(min_drafts=self.thresholds.min_drafts)
+        if self.thresholds != defaults:
             raise ValueError(
-                "baseline_file and verdict thresholds both given: a baseline sets the thresholds "
-                "(as fractions of it); drop one"
+                "baseline_file and verdict thresholds both given: a baseline sets the acceptance "
+                "thresholds (as fractions of it); drop one"
             )
         baseline = load_baseline(Path(path), self.served_model, self.speculative_tokens)
         judged = self.model_copy(

@@ -177,6 +177,11 @@ def test_baseline_settings_that_cannot_work_get_one_line(tmp_path: Path) -> None
 
     path = write(tmp_path / "baseline.json", json.loads(SAMPLED.model_dump_json()))
     parser = build_parser()
+    # min_drafts is not one of the thresholds a baseline sets: it may be given beside one.
+    args = parser.parse_args(["sidecar", "--baseline-file", str(path), "--min-drafts", "40"])
+    kept = settings_from(args, {})
+    assert kept.thresholds.min_drafts == 40 and kept.baseline == SAMPLED
+    assert kept.thresholds == thresholds_from(SAMPLED, base=kept.thresholds)
     for extra, expected in (
         (["--speculative-tokens", "7"], "measured at k 2, and the engine drafts up to k 7"),
         (["--degraded-position0", "0.3"], "baseline_file and verdict thresholds both given"),
