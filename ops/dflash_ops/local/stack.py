@@ -558,17 +558,20 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
     # SIGTERM and SIGHUP (a closed terminal, a container stop) mean the same as Ctrl-C: nothing
     # half-started may keep loading as an orphan. Only the main thread may set handlers (a
     # caller starting stacks from threads keeps its own).
+    # Every handler changed here (SIGINT too: it is ignored while the stack stops) is put back,
+    # so a caller that goes on (the sweep, a test session) keeps its Ctrl-C, and so do the
+    # processes it starts later (an ignored signal stays ignored across exec).
     main_thread = threading.current_thread() is threading.main_thread()
     handled = (signal.SIGTERM, signal.SIGHUP) if main_thread else ()
-    previous = {sig: signal.getsignal(sig) for sig in handled}
-    for sig in previous:
+    wanted = (signal.SIGINT, *handled) if main_thread else ()
+    previous = {sig: h for sig in wanted if (h := signal.getsignal(sig)) is not None}
+    for sig in handled:
         signal.signal(sig, _interrupt)
     try:
         return _start(config, state)
     except KeyboardInterrupt as interrupt:
-        for sig in (signal.SIGINT, *handled):
-            if main_thread:
-                signal.signal(sig, signal.SIG_IGN)
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         say("interrupted: stopping what was started...")
         down(config.state_dir, quiet=True)
         say("stopped")

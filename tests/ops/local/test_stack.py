@@ -335,6 +335,26 @@ def test_a_signal_during_up_stops_what_was_started(tmp_path: Path, sig: int) -> 
         time.sleep(0.1)
 
 
+def test_an_interrupted_up_gives_back_every_signal_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """up() ignores Ctrl-C while it stops what it started; it must hand SIGINT back as it found
+    it (with SIGTERM and SIGHUP). Left ignored, a caller that goes on (a sweep, this test
+    session's worker) loses its Ctrl-C, and so does every process it starts afterwards: an
+    ignored signal stays ignored across exec (the Ctrl-C test above then hung in CI)."""
+
+    def interrupted_start(config: stack.StackConfig, previous: object) -> stack.StackState:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stack, "_start", interrupted_start)
+    sentinel = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
+    with pytest.raises(stack.StackInterrupted):
+        stack.up(config(tmp_path, engine_port=free_port(), sidecar_port=free_port()))
+    assert {sig: signal.getsignal(sig) for sig in sentinel} == sentinel
+
+
 @pytest.mark.parametrize(
     ("host", "message"),
     [
