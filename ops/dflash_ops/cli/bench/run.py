@@ -89,8 +89,9 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
     """Run the benchmark into --out (see run_directory.run_into)."""
     from dflash_ops.bench.core import prompt_files, token_counter
     from dflash_ops.bench.core.client import check_base_url
+    from dflash_ops.bench.core.lossless import Reference
     from dflash_ops.bench.core.run_directory import run_into
-    from dflash_ops.bench.core.runner import Reference, Target
+    from dflash_ops.bench.core.runner import Target
 
     check_base_url(args.base_url)
     reference = getattr(args, "check_lossless", None)
