@@ -20,6 +20,10 @@
                 wins; no /metrics (no running batch)
 
 /echo/T/...     instant; GET /echo/T/bodies lists the chat request bodies it received
+/markov/V/...   sampled token ids (non-streamed, `return_token_ids`) from a fixed Markov chain over
+                12 tokens at the request's temperature, repeatable by its `seed`. V `exact`
+                samples it exactly; V `sharp` is a broken speculative sampler: from the second
+                token on, 30% of the tokens are the chain's most likely one instead of a sample
 
 `--die-after N`: the process exits (as a crashed server) when its Nth chat request arrives.
 """
@@ -29,7 +33,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import random
+import zlib
 from typing import Any
 
 from aiohttp import web
@@ -112,6 +119,22 @@ def scripted() -> web.Application:
     app.router.add_get("/other/v1/models", models)
     app.router.add_post("/other/v1/chat/completions", other_chat)
     app.add_subapp("/good", make_app(speculative=False))
+
+    async def markov_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if body.get("stream"):  # the benchmark's own requests
+            return await stream_tokens(request, int(body["max_tokens"]))
+        tokens = markov_tokens(
+            body["messages"][-1]["content"],
+            int(body["max_tokens"]),
+            float(body.get("temperature", 1.0)),
+            int(body.get("seed", 0)),
+            sharp=request.match_info["variant"] == "sharp",
+        )
+        return web.json_response({"choices": [{"message": {"content": "x"}, "token_ids": tokens}]})
+
+    app.router.add_get("/markov/{variant}/v1/models", models)
+    app.router.add_post("/markov/{variant}/v1/chat/completions", markov_chat)
 
     async def hang_chat(request: web.Request) -> web.Response:
         await asyncio.sleep(3600)
@@ -204,6 +227,29 @@ def scripted() -> web.Application:
     app.router.add_post("/echo/{token}/v1/chat/completions", echo_chat)
     app.router.add_get("/echo/{token}/bodies", echo_bodies)
     return app
+
+
+MARKOV_VOCAB = 12
+
+
+def markov_tokens(prompt: str, count: int, temperature: float, seed: int, sharp: bool) -> list[int]:
+    """`count` tokens of the test chain: next-token logits depend on the previous token."""
+    chain = random.Random(7)
+    logits = [[chain.gauss(0, 2) for _ in range(MARKOV_VOCAB)] for _ in range(MARKOV_VOCAB)]
+    draw = random.Random(seed)
+    previous = zlib.crc32(prompt.encode()) % MARKOV_VOCAB
+    tokens = []
+    for position in range(count):
+        row = [value / max(temperature, 1e-6) for value in logits[previous]]
+        top = max(row)
+        weights = [math.exp(value - top) for value in row]
+        if sharp and position > 0 and draw.random() < 0.3:
+            token = row.index(top)
+        else:
+            token = draw.choices(range(MARKOV_VOCAB), weights)[0]
+        tokens.append(token)
+        previous = token
+    return tokens
 
 
 def dying(after: int) -> web.Application:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from dflash_ops.bench.core import report
 from dflash_ops.bench.core.client import Endpoint, check_base_url
+from dflash_ops.bench.core.lossless import check_lossless
 from dflash_ops.bench.core.prompts import build
 from dflash_ops.bench.core.results import BenchResult, BenchSettings, Percentiles, Spread
 from dflash_ops.bench.core.run_directory import RunDirectory
-from dflash_ops.bench.core.runner import Level, Target, check_lossless, run_bench
+from dflash_ops.bench.core.runner import Level, Target, run_bench
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import free_port
 

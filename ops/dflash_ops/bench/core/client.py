@@ -326,15 +326,21 @@ class Endpoint:
         return record
 
     async def chat_token_ids(
-        self, model: str, messages: list[dict[str, str]], max_tokens: int
+        self,
+        model: str,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        sampling: Sampling | None = None,
+        seed: int | None = None,
     ) -> list[int]:
-        """Completion token ids of one greedy request (for the losslessness check), to
-        max_tokens whatever the run's sampling."""
+        """Completion token ids of one request to max_tokens (for the lossless checks): greedy,
+        or sampled as `sampling` says with the request seed `seed`."""
+        fields = sampling.body(seed) if sampling is not None else {"temperature": 0}
         body = {
             "model": model,
             "messages": messages,
             "max_tokens": max_tokens,
-            "temperature": 0,
+            **fields,
             "ignore_eos": True,
             "return_token_ids": True,
         }

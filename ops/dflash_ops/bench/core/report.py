@@ -81,6 +81,12 @@ def markdown(result: BenchResult) -> str:
             f"{check.identical}/{check.prompts} greedy outputs token-identical.",
         ]
         lines += [f"- {m}" for m in check.mismatches]
+    for sampled in result.sampled_lossless or []:
+        lines += ["", f"Sampled losslessness: {sampled.summary()}."]
+        lines += [
+            f"- {f.prompt}, position {f.position} (adjusted p {f.adjusted_p:.3g}): {f.detail}"
+            for f in sampled.findings
+        ]
     if s.goodput:
         lines += ["", f"Goodput objectives: {slo.describe(s.goodput)}.", ""]
         lines += ["| level | goodput req/s | requests meeting every objective |", "|---|---:|---:|"]

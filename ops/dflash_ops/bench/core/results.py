@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.prompts import PromptSetName
 from dflash_ops.bench.core.sampling import Sampling
+from dflash_ops.bench.core.two_sample import SiteFinding
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How a run ended: every level measured, stopped by the user, or stopped by a failure.
@@ -212,6 +213,34 @@ class LosslessCheck(BaseModel):
         return self.prompts > 0 and self.identical == self.prompts
 
 
+class SampledLosslessCheck(BaseModel):
+    reference_url: str
+    sampling: str
+    concurrency: int
+    prompts: int
+    samples_per_side: int
+    tokens: int
+    alpha: float
+    p_value: float
+    permutations: int
+    findings: list[SiteFinding]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value > self.alpha
+
+    def summary(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        return (
+            f"sampled outputs vs {self.reference_url} at concurrency {self.concurrency} "
+            f"({self.sampling}): {verdict}, p = {self.p_value:.3g} against alpha "
+            f"{self.alpha:g} ({self.samples_per_side} continuations of {self.tokens} tokens "
+            f"per side over {self.prompts} prompts, {self.permutations} permutations, "
+            f"{self.seconds:.0f} s)"
+        )
+
+
 class BenchSettings(BaseModel):
     prompt_set: PromptSetName
     input_len: int
@@ -273,3 +302,4 @@ class BenchResult(BaseModel):
     kv_cache_tokens: int | None = Field(description="num_gpu_blocks x block_size, if reported")
     notes: list[str] = Field(default_factory=list)
     lossless: LosslessCheck | None = None
+    sampled_lossless: list[SampledLosslessCheck] | None = None

@@ -33,7 +33,13 @@ from dflash_sidecar.vllm_metrics import REQUESTS_RUNNING
 
 from dflash_ops.bench.core import slo
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
-from dflash_ops.bench.core.lossless import Reference, check_lossless
+from dflash_ops.bench.core.lossless import (
+    Reference,
+    SampledCheckSettings,
+    check_lossless,
+    check_sampled_lossless,
+    refuse_greedy,
+)
 from dflash_ops.bench.core.prompts import Prompt, build
 from dflash_ops.bench.core.results import (
     BenchResult,
@@ -68,6 +74,7 @@ class Target:
     api_key: str | None = None
     token_counter: Callable[[str], int] | None = None
     reference: Reference | None = None
+    sampled_reference: Reference | None = None
 
 
 class Progress:
@@ -556,6 +563,10 @@ async def run_bench(
     compared = target.reference
     reference = Endpoint(compared.url, api_key=target.api_key) if compared else None
     reference_model = compared.model if compared else None
+    sampled = target.sampled_reference
+    if sampled is not None:
+        refuse_greedy(settings.sampling)
+    sampled_endpoint = Endpoint(sampled.url, api_key=target.api_key) if sampled else None
     done: list[LevelResult] = []
     current: LevelProgress | None = None
     notes: list[str] = []
@@ -598,6 +609,8 @@ async def run_bench(
         await endpoint.check_model(model)
         if reference is not None:  # before the run, not after it
             await reference.check_model(reference_model or model)
+        if sampled_endpoint is not None and sampled is not None:
+            await sampled_endpoint.check_model(sampled.model or model)
         if prompts is None:
             count = settings.num_requests or 64
             prompts = build(
@@ -651,7 +664,20 @@ async def run_bench(
                 settings.max_tokens,
                 list(compared.concurrency),
             )
-        final = snapshot_result("complete").model_copy(update={"lossless": lossless})
+        sampled_checks = None
+        if sampled_endpoint is not None and sampled is not None:
+            sampled_checks = await check_sampled_lossless(
+                endpoint,
+                sampled_endpoint,
+                model,
+                sampled.model or model,
+                settings.sampling,
+                list(sampled.concurrency),
+                sampled.sampled or SampledCheckSettings(),
+            )
+        final = snapshot_result("complete").model_copy(
+            update={"lossless": lossless, "sampled_lossless": sampled_checks}
+        )
         if on_result is not None:
             on_result(final)
         return final
@@ -666,3 +692,5 @@ async def run_bench(
         await endpoint.aclose()
         if reference is not None:
             await reference.aclose()
+        if sampled_endpoint is not None:
+            await sampled_endpoint.aclose()

@@ -15,6 +15,7 @@ from dflash_ops.cli.arguments import http_url, number
 from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
+    from dflash_ops.bench.core.lossless import SampledCheckSettings
     from dflash_ops.bench.core.results import BenchSettings
     from dflash_ops.bench.core.runner import Level
     from dflash_ops.bench.core.sampling import Sampling
@@ -167,6 +168,42 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
         help="send each sampled request a seed derived from --seed, so a run repeats where "
         "the engine honours seeds (greedy requests get none; default: on)",
     )
+
+
+SAMPLED_CHECK_FIELDS = ("prompts", "samples", "tokens", "alpha")
+
+
+def add_sampled_check_flags(parser: argparse.ArgumentParser) -> None:
+    """--sampled-lossless-FIELD for the fields of SampledCheckSettings a user sizes."""
+    from dflash_ops.bench.core.lossless import SampledCheckSettings
+
+    group = parser.add_argument_group("the sampled lossless check (--check-sampled-lossless)")
+    for name in SAMPLED_CHECK_FIELDS:
+        field = SampledCheckSettings.model_fields[name]
+        kind = float if field.annotation is float else int
+        group.add_argument(
+            f"--sampled-lossless-{name}",
+            type=number(kind, 0, 1_000_000),
+            default=field.default,
+            help=f"{field.description} ({field.default})",
+        )
+
+
+def sampled_check_settings(args: argparse.Namespace) -> SampledCheckSettings:
+    """SampledCheckSettings from the flags; a value out of range is named in one line."""
+    import pydantic
+
+    from dflash_ops.bench.core.lossless import SampledCheckSettings
+
+    values = {name: getattr(args, f"sampled_lossless_{name}") for name in SAMPLED_CHECK_FIELDS}
+    try:
+        return SampledCheckSettings(**values, seed=args.seed)
+    except pydantic.ValidationError as err:
+        problem = err.errors()[0]
+        name = str(problem["loc"][0])
+        raise UserError(
+            f"--sampled-lossless-{name} {values.get(name)}: {problem['msg'].lower()}"
+        ) from None
 
 
 def sampling_of(args: argparse.Namespace) -> Sampling:

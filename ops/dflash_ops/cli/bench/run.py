@@ -11,12 +11,14 @@ from dflash_ops.bench.core.slo import parse as slo_objectives
 from dflash_ops.cli.arguments import http_url, number, number_list
 from dflash_ops.cli.bench.flags import (
     MAX_CONCURRENCY,
+    add_sampled_check_flags,
     add_target_flags,
     add_workload_flags,
     bench_settings,
     check_out,
     load_levels,
     needs_bench_extra,
+    sampled_check_settings,
 )
 
 if TYPE_CHECKING:
@@ -74,13 +76,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="also require greedy outputs token-identical to this endpoint, which serves the "
         "same model without speculation, at each --lossless-concurrency",
     )
-    parser.add_argument("--reference-model", help="model name at the reference endpoint")
+    parser.add_argument(
+        "--check-sampled-lossless",
+        metavar="REFERENCE_URL",
+        type=http_url,
+        help="also test that sampled outputs follow the distribution of this endpoint, which "
+        "serves the same model without speculation: seeded continuations under the run's "
+        "sampling flags on both, compared position by position (a permutation test; exits 1 "
+        "naming where they differ), at each --lossless-concurrency",
+    )
+    parser.add_argument("--reference-model", help="model name at the reference endpoint(s)")
     parser.add_argument(
         "--lossless-concurrency",
         type=number_list(int, 0, MAX_CONCURRENCY),
         default=[1, 4],
         help="(1,4)",
     )
+    add_sampled_check_flags(parser)
     parser.set_defaults(handler=run)
     return parser
 
@@ -89,7 +101,7 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
     """Run the benchmark into --out (see run_directory.run_into)."""
     from dflash_ops.bench.core import prompt_files, token_counter
     from dflash_ops.bench.core.client import check_base_url
-    from dflash_ops.bench.core.lossless import Reference
+    from dflash_ops.bench.core.lossless import Reference, refuse_greedy
     from dflash_ops.bench.core.run_directory import run_into
     from dflash_ops.bench.core.runner import Target
 
@@ -104,14 +116,24 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
         print(f"dataset: {len(prompts)} prompts from {args.dataset_path}", file=sys.stderr)
     counter = token_counter.load(args.tokenizer) if args.tokenizer else None
     check_out(args.out)
-    compared = None
+    compared = sampled = None
     if reference:
         compared = Reference(
             reference,
             getattr(args, "reference_model", None),
             tuple(getattr(args, "lossless_concurrency", (1, 4))),
         )
-    target = Target(args.base_url, args.model, args.api_key, counter, compared)
+    sampled_url = getattr(args, "check_sampled_lossless", None)
+    if sampled_url:
+        check_base_url(sampled_url)
+        refuse_greedy(settings.sampling)
+        sampled = Reference(
+            sampled_url,
+            getattr(args, "reference_model", None),
+            tuple(getattr(args, "lossless_concurrency", (1, 4))),
+            sampled_check_settings(args),
+        )
+    target = Target(args.base_url, args.model, args.api_key, counter, compared, sampled)
     return run_into(args.out, target, levels, settings, prompts)
 
 
@@ -157,4 +179,13 @@ def run(args: argparse.Namespace) -> int:
     if outcome.lossless is not None and not outcome.lossless.passed:
         print("error: greedy outputs differ with speculation (not lossless)", file=sys.stderr)
         return 1
-    return 0
+    failed = [c for c in outcome.sampled_lossless or [] if not c.passed]
+    for check in failed:
+        where = "; ".join(f"{f.prompt} position {f.position}: {f.detail}" for f in check.findings)
+        print(
+            f"error: sampled outputs differ with speculation at concurrency "
+            f"{check.concurrency} (p = {check.p_value:.3g}, not lossless)"
+            + (f": {where}" if where else ""),
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
