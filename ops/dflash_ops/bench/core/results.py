@@ -5,11 +5,10 @@ from __future__ import annotations
 import statistics
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_ops.bench.core.prompts import PromptSetName
 from dflash_ops.bench.core.sampling import Sampling
-from dflash_ops.bench.core.two_sample import SiteFinding
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How a run ended: every level measured, stopped by the user, or stopped by a failure.
@@ -211,6 +210,19 @@ class LosslessCheck(BaseModel):
     @property
     def passed(self) -> bool:
         return self.prompts > 0 and self.identical == self.prompts
+
+
+class SiteFinding(BaseModel):
+    """A (prompt, position) whose next-token distribution differs between the sides (adjusted
+    p at most alpha), or, when only the sites together differ, one where the evidence is
+    strongest."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    position: int
+    adjusted_p: float
+    detail: str
 
 
 class SampledLosslessCheck(BaseModel):

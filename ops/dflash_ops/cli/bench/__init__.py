@@ -10,6 +10,7 @@ from dflash_ops.cli.bench import (
     client_ceiling,
     compare,
     job,
+    lossless_power,
     router_policies,
     run,
     search,
@@ -25,6 +26,7 @@ SUBCOMMANDS = (
     router_policies.register,
     sidecar_cost.register,
     client_ceiling.register,
+    lossless_power.register,
 )
 
 
