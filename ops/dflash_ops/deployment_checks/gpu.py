@@ -16,7 +16,9 @@ Engines run one after another (two TP2 engines do not fit on one 2-GPU machine):
 5. the reasoning parser (qwen3) and one qwen3_xml tool call;
 6. a shared system prompt with the draft loaded: prefix-cache hits below one block;
 7. capture overhead: the capture's own GPU work per decode step over the step time;
-8. the same engine without speculation: greedy outputs token-identical at concurrency 1 and 4;
+8. the same engine without speculation: greedy outputs token-identical at concurrency 1 and 4,
+   and sampled outputs (temperature 1, concurrency 4) following the same distribution
+   (`bench --check-sampled-lossless`'s test, on continuations collected from each engine);
 9. the MTP-3 baseline on the same prompts: the seed's comparison (DFlash2 4.08 / 224.9 tok/s
    against MTP-3 2.98 / 180.1 at concurrency 1);
 10. DFlash2 with a k schedule (SCHEDULE: k 7 for 1 to 2 running requests, 3 above): the k in
@@ -282,6 +284,37 @@ def greedy_ids(engine: Engine, concurrency: int, timeout: float) -> dict[str, li
     return asyncio.run(collect())
 
 
+SAMPLED_CHECK_TEMPERATURE = 1.0
+SAMPLED_CHECK_CONCURRENCY = 4
+
+
+def sampled_continuations(
+    engine: Engine, first_seed_index: int, timeout: float
+) -> dict[str, list[list[int]]]:
+    """The sampled lossless check's continuations from one engine (the engines run one after
+    the other here, so each side is collected alone and the test runs afterwards)."""
+    from dflash_ops.bench.core.client import Endpoint
+    from dflash_ops.bench.core.lossless import SampledCheckSettings, collect
+    from dflash_ops.bench.core.sampling import Sampling
+
+    async def run() -> dict[str, list[list[int]]]:
+        endpoint = Endpoint(engine.url, timeout_s=timeout)
+        try:
+            return await collect(
+                endpoint,
+                "model",
+                Sampling(temperature=SAMPLED_CHECK_TEMPERATURE, ignore_eos=True),
+                SampledCheckSettings(),
+                SAMPLED_CHECK_CONCURRENCY,
+                first_seed_index,
+                engine.name,
+            )
+        finally:
+            await endpoint.aclose()
+
+    return asyncio.run(run())
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
@@ -495,8 +528,24 @@ def main() -> int:
                 share is not None and share < 0.005,
             )
             ids = {c: greedy_ids(engine, c, args.request_timeout) for c in (1, 4)}
+            sampled = sampled_continuations(engine, 0, args.request_timeout)
         with Engine(args, "no speculation", []) as engine:
             reference = {c: greedy_ids(engine, c, args.request_timeout) for c in (1, 4)}
+            sampled_reference = sampled_continuations(engine, 10**6, args.request_timeout)
+        from dflash_ops.bench.core.two_sample import permutation_test
+
+        outcome = permutation_test(
+            sampled, sampled_reference, sides=("with speculation", "without")
+        )
+        where = outcome.findings[0] if outcome.findings else None
+        report.add(
+            f"sampled lossless, temperature {SAMPLED_CHECK_TEMPERATURE:g}, "
+            f"concurrency {SAMPLED_CHECK_CONCURRENCY}",
+            f"p = {outcome.p_value:.3g}"
+            + (f"; {where.prompt} position {where.position}: {where.detail}" if where else ""),
+            f"p > {outcome.alpha:g} (the target's distribution)",
+            outcome.same,
+        )
         for c in (1, 4):
             diverged = [
                 f"{p} at token {first_difference(ids[c][p], t)}"

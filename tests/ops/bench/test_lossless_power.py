@@ -10,7 +10,7 @@ from dflash_ops.bench.lossless_power import wilson
 from dflash_ops.cli import main
 
 SMALL = [
-    "--samples", "60", "--prompts", "3", "--tokens", "4", "--trials", "12",
+    "--samples", "100", "--prompts", "3", "--tokens", "4", "--trials", "12",
     "--permutations", "99", "--alpha", "0.05", "--concurrency", "8",
 ]  # fmt: skip
 
@@ -67,5 +67,5 @@ def test_kept_pools_give_the_same_trials_without_the_engines(
     again = power(capsys, "http://127.0.0.1:9", "http://127.0.0.1:9", "--pools", str(pools))
     assert again == first  # nothing listens on port 9: the pools alone
     assert main(["bench", "lossless-power", "--base-url", exact, "--reference-url", exact,
-                 "--pools", str(pools), "--samples", "100"]) == 2  # fmt: skip
-    assert "a trial of --samples 100 draws 200" in capsys.readouterr().err
+                 "--pools", str(pools), "--samples", "200"]) == 2  # fmt: skip
+    assert "a trial of --samples 200 draws 400" in capsys.readouterr().err

@@ -52,6 +52,7 @@ def test_sync_check_every_gpu_claim_has_a_check() -> None:
         "prefix-cache hit rate",
         "capture overhead per decode step",
         "lossless at concurrency",
+        "sampled lossless, temperature",
         "DFlash2 vs MTP-3 at c=1",
         "k schedule {SCHEDULE}: k in effect",
     ):

@@ -66,6 +66,7 @@ def register(actions: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     needs_bench_extra()
+    from dflash_ops.bench.core.two_sample import permutations_for
     from dflash_ops.bench.lossless_power import PowerSettings, measure
 
     values = {name: getattr(args, name) for name in FIELDS}
@@ -84,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"sampled lossless check, {settings.samples} continuations of {settings.tokens} tokens "
         f"per side over {settings.prompts} prompts, alpha {settings.alpha:g}, "
-        f"{settings.permutations} permutations; pools ({pools}) collected at concurrency "
-        f"{settings.concurrency} in {result.collect_s:.0f} s, {result.seconds_per_test:.2f} s "
+        f"{permutations_for(settings.alpha, settings.permutations)} permutations; pools "
+        f"({pools}) collected at concurrency {settings.concurrency} in {result.collect_s:.0f} s, {result.seconds_per_test:.2f} s "
         "per test:"
     )
     for rate in result.rates:
