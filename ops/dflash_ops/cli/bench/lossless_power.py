@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
         f"sampled lossless check, {settings.samples} continuations of {settings.tokens} tokens "
         f"per side over {settings.prompts} prompts, alpha {settings.alpha:g}, "
         f"{permutations_for(settings.alpha, settings.permutations)} permutations; pools "
-        f"({pools}) collected at concurrency {settings.concurrency} in {result.collect_s:.0f} s, {result.seconds_per_test:.2f} s "
-        "per test:"
+        f"({pools}) collected at concurrency {settings.concurrency} in "
+        f"{result.collect_s:.0f} s, {result.seconds_per_test:.2f} s per test:"
     )
     for rate in result.rates:
         print("  " + rate.line())
