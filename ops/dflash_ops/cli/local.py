@@ -75,7 +75,9 @@ def register(subparsers: Any) -> None:
     up.add_argument(
         "--draft-noise",
         type=number(float, 0, 10),
-        help="tiny pair: draft = target + noise x each weight's std (0: identical; default 0.05)",
+        help="noise x each weight's std added to the draft: tiny pair, draft = target + noise "
+        "(0: identical; default 0.05); paying pair, its own draft + noise (default none: 10 "
+        "makes a draft that is noise, as a broken capture would)",
     )
     up.add_argument(
         "--engine-port",
@@ -225,12 +227,6 @@ def run(args: argparse.Namespace) -> int:
         elif args.auth:
             api_key = os.environ.get("VLLM_API_KEY") or None
         auth = args.auth or api_key is not None
-        if args.models != "tiny" and args.draft_noise is not None:
-            raise UserError(
-                f"local up: --draft-noise shapes the tiny pair's draft; the {args.models} pair's "
-                "draft is the target's first layers: drop --draft-noise"
-            )
-
         try:
             config = stack.StackConfig(
                 state_dir=args.state_dir,
@@ -241,7 +237,10 @@ def run(args: argparse.Namespace) -> int:
                 models=args.models,
                 num_speculative_tokens=args.k,
                 schedule=args.schedule,
-                draft_noise=0.05 if args.draft_noise is None else args.draft_noise,
+                # The tiny pair's default written out, as every earlier state recorded it.
+                draft_noise=(
+                    0.05 if args.draft_noise is None and args.models == "tiny" else args.draft_noise
+                ),
                 prometheus=not args.no_prometheus,
                 engine_timeout_s=args.engine_timeout,
                 host=args.host,

@@ -89,7 +89,14 @@ class StackConfig(BaseModel):
         description="k per running batch size (speculative_schedule: 1-4:4,5-:1 or vLLM's "
         "JSON); num_speculative_tokens stays the largest k",
     )
-    draft_noise: float = Field(default=0.05, ge=0.0, le=10.0)
+    draft_noise: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=10.0,
+        description="Gaussian noise x each weight's std added to the draft's source: the tiny "
+        "pair's target (None: 0.05) or the paying pair's own draft (None: none, the real draft; "
+        "a large value makes a draft that is noise, as a broken capture would)",
+    )
     prometheus: bool = True
     engine_timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
     kv_cache_gib: int = 1
@@ -182,10 +189,24 @@ class StackConfig(BaseModel):
         return self.models_dir / ("target" if self.models == "tiny" else "paying-target")
 
     @property
+    def noise(self) -> float:
+        """The draft's noise: draft_noise, else the pair's default (tiny 0.05, paying none)."""
+        if self.draft_noise is not None:
+            return self.draft_noise
+        return 0.05 if self.models == "tiny" else 0.0
+
+    @property
+    def paying_draft_dir(self) -> Path:
+        """The paying pair's own draft (its target's first layers)."""
+        return self.models_dir / "paying-draft"
+
+    @property
     def draft_dir(self) -> Path:
         if self.models == "paying":
-            return self.models_dir / "paying-draft"
-        return self.models_dir / f"draft-noise{self.draft_noise:g}"
+            if self.draft_noise is None:
+                return self.paying_draft_dir
+            return self.models_dir / f"paying-draft-noise{self.draft_noise:g}"
+        return self.models_dir / f"draft-noise{self.noise:g}"
 
     @property
     def served_model(self) -> str:
@@ -253,19 +274,27 @@ def _save_state(state: StackState) -> None:
 
 def ensure_models(config: StackConfig) -> None:
     if config.models == "paying":
-        if not pair_is_current(config.draft_dir, PayingPairSpec()):
+        if not pair_is_current(config.paying_draft_dir, PayingPairSpec()):
             say(
                 f"building the paying pair in {config.models_dir} (a ~180M bfloat16 target and "
                 "a draft of its first 2 layers; about 15 s)"
             )
-            build_pair(config.target_dir, config.draft_dir, PayingPairSpec())
+            build_pair(config.target_dir, config.paying_draft_dir, PayingPairSpec())
+            if config.draft_dir != config.paying_draft_dir:  # made from the old pair's draft
+                shutil.rmtree(config.draft_dir, ignore_errors=True)
+        if (
+            config.draft_dir != config.paying_draft_dir
+            and not (config.draft_dir / "model.safetensors").is_file()
+        ):
+            say(f"building the draft: the paying draft + noise {config.noise:g} x std")
+            build_draft(config.paying_draft_dir, config.draft_dir, config.noise)
         return
     if not (config.target_dir / "model.safetensors").is_file():
         say(f"building the tiny target model in {config.target_dir} (tokenizer + random weights)")
         build_target(config.target_dir, TinyModelSpec())
     if config.method == "draft_model" and not (config.draft_dir / "model.safetensors").is_file():
-        say(f"building the draft: target + noise {config.draft_noise:g} x std")
-        build_draft(config.target_dir, config.draft_dir, config.draft_noise)
+        say(f"building the draft: target + noise {config.noise:g} x std")
+        build_draft(config.target_dir, config.draft_dir, config.noise)
 
 
 def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:

@@ -136,7 +136,8 @@ def build_draft(target: Path, directory: Path, noise: float, seed: int = 1) -> N
     for name, tensor in weights.items():
         if tensor.ndim > 1 and noise > 0:
             scale = noise * float(tensor.float().std())
-            tensor = tensor + torch.randn(tensor.shape, generator=generator) * scale
+            noise_tensor = torch.randn(tensor.shape, generator=generator) * scale
+            tensor = (tensor.float() + noise_tensor).to(tensor.dtype)
         perturbed[name] = tensor.contiguous()
     save_file(perturbed, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "dflash_draft.json").write_text(json.dumps({"noise": noise, "seed": seed}))

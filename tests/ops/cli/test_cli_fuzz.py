@@ -147,7 +147,7 @@ CASES = {
     "local-noise-inf": (["local", "up", "--draft-noise", "inf"], "--draft-noise"),
     "local-models": (["local", "up", "--models", "huge"], "--models"),
     "local-noise-paying": (
-        ["local", "up", "--models", "paying", "--draft-noise", "0.1"], "--draft-noise"
+        ["local", "up", "--models", "paying", "--draft-noise", "-1"], "--draft-noise"
     ),
     "sweep-schedule": (["bench", "sweep", "--schedule", "1-4:banana"], "--schedule"),
     "sweep-models-helm": (

@@ -508,10 +508,11 @@ def test_each_pair_has_its_own_models_served_name_and_dtype(tmp_path: Path) -> N
         assert argv[argv.index("--model") + 1] == str(config.target_dir.resolve())
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
         assert (config.models_dir / spec["model"]).resolve() == config.draft_dir.resolve()
-    # The paying draft is the target's first layers, whatever the tiny pair's noise.
-    assert stack.StackConfig(state_dir=tmp_path, models="paying", draft_noise=1).draft_dir == (
-        paying.draft_dir
-    )
+    # The paying draft is the target's first layers; with a noise, those plus noise, apart.
+    noisy = stack.StackConfig(state_dir=tmp_path, models="paying", draft_noise=10)
+    assert paying.draft_dir == paying.paying_draft_dir and paying.noise == 0
+    assert noisy.draft_dir == paying.models_dir / "paying-draft-noise10" and noisy.noise == 10
+    assert tiny.noise == 0.05 and tiny.draft_dir.name == "draft-noise0.05"
 
 
 def test_replica_engines_start_together_and_the_rest_once_they_are_ready(
