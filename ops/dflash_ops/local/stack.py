@@ -562,6 +562,17 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
             f"--state-dir {config.state_dir}: cannot keep the stack's state there "
             f"({err.strerror or err}); pass a writable directory"
         ) from None
+    models = config.models_dir
+    if (models.is_symlink() and not models.exists()) or (models.exists() and not models.is_dir()):
+        target = (
+            f" (a link to {os.readlink(models)}, which does not exist)"
+            if models.is_symlink()
+            else ""
+        )
+        raise UserError(
+            f"--state-dir {config.state_dir}: {models} is not a directory{target}; remove it "
+            "(the models are built there again) or point it at a models directory"
+        )
     if config.auth:
         _check_door_installed()
     elif api_key is not None:

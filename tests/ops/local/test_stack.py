@@ -576,3 +576,17 @@ def test_replica_engines_start_together_and_the_rest_once_they_are_ready(
         "ready engine-0", "ready engine-1",
     ]  # fmt: skip
     assert len(spawned) == 3 and not any(supervisor.alive(r) for r in spawned)
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "file"])
+def test_a_models_path_that_is_no_directory_is_one_line(tmp_path: Path, kind: str) -> None:
+    """STATE/models left as a link to a removed directory (a test's shared models, a moved
+    checkout) or as a file: named with the fix, not a FileExistsError traceback."""
+    models = tmp_path / "models"
+    if kind == "file":
+        models.write_text("")
+    else:
+        models.symlink_to(tmp_path / "gone")
+    with pytest.raises(UserError, match=r"models is not a directory.*remove it"):
+        stack.up(config(tmp_path, engine_port=free_port(), sidecar_port=free_port()))
+    assert not (tmp_path / "state.json").exists()
