@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -78,3 +79,54 @@ def test_notes_without_a_matching_entry_never_shows_stale_figures(tmp_path: Path
     values = tmp_path / "v.yaml"
     values.write_text("model:\n  gpuMemoryUtilization: 0.85\n")
     assert "KV cache per rank" not in notes("-f", str(values))
+
+
+def test_the_printed_request_sends_the_key_without_putting_it_on_a_command_line(
+    tmp_path: Path,
+) -> None:
+    """The NOTES' curl command, run by bash as a user pastes it (kubectl a stand-in that prints
+    the Secret's entry, curl the real one behind a wrapper that logs its arguments), reaches a
+    server with the right Authorization header, and no command line carried the key."""
+    import base64
+    import http.server
+    import os
+    import threading
+
+    from dflash_ops.loopback import free_port
+
+    key = "sk-notes-7f3a"
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    text = notes("--set", "auth.apiKeySecret.name=keys", "--set", f"service.port={port}")
+    command = text[text.index("  curl ") : text.index("}]}'", text.index("  curl ")) + 4]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    encoded = base64.b64encode(key.encode()).decode()
+    (bin_dir / "kubectl").write_text(f"#!/bin/sh\necho '{encoded}'\n")
+    (bin_dir / "curl").write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/argv\nexec {shutil.which("curl")} -sS "$@"\n'
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    try:
+        done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert seen == [f"Bearer {key}"], seen
+    argv = (tmp_path / "argv").read_text()
+    assert "/v1/chat/completions" in argv and key not in argv, argv
