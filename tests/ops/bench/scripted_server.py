@@ -13,7 +13,7 @@
                 30 draft tokens, 15 accepted each
 /queue/...      each request takes 50 ms per request in flight when it arrives (a server whose
                 latency grows with load)
-/batch/...      each request is held 400 ms; /metrics reports the requests in flight as
+/batch/...      each request is held 1.5 s; /metrics reports the requests in flight as
                 vllm:num_requests_running (an engine's running batch)
 /off-slow/T/... instant, but 50 ms a token while the last upgrade POSTed to /off-slow/T/deployed
                 (the sweep tests' stand-in helm) set speculative.method=off: speculation always
@@ -175,7 +175,7 @@ def scripted() -> web.Application:
         body = await request.json()
         batch["in_flight"] += 1
         try:
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(1.5)
             return await stream_tokens(request, int(body.get("max_tokens", 4)))
         finally:
             batch["in_flight"] -= 1

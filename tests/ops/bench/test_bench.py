@@ -322,8 +322,9 @@ def test_identical_greedy_curves_are_drawn_once(instant_server: str) -> None:
 
 
 def test_each_level_samples_the_engines_running_batch(scripted_server: str) -> None:
-    """/batch holds each request 400 ms and reports the requests in flight as
-    vllm:num_requests_running: the level's running batch is the concurrency it keeps."""
+    """/batch holds each request 1.5 s and reports the requests in flight as
+    vllm:num_requests_running: the level's running batch is the concurrency it keeps. (Held
+    400 ms, a loaded machine's delay in sending the next request showed as fewer running.)"""
     result = asyncio.run(
         run_bench(
             Target(f"{scripted_server}/batch", "fake"),
