@@ -132,7 +132,8 @@ def test_the_check_finds_a_planted_difference_on_the_real_engine(
     import asyncio
 
     from dflash_ops.bench.core.client import Endpoint
-    from dflash_ops.bench.core.lossless import SampledCheckSettings, check_sampled_lossless
+    from dflash_ops.bench.core.lossless import check_sampled_lossless
+    from dflash_ops.bench.core.results import SampledCheckSettings
     from dflash_ops.bench.core.sampling import Sampling
 
     _, url = paying_stack

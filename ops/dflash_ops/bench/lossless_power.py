@@ -89,7 +89,8 @@ async def collect_pools(
 ) -> dict[str, Pool]:
     """The reference pool holds twice a trial's draw (two disjoint draws for the null); the
     others one draw's worth more than a trial takes, so trials differ."""
-    from dflash_ops.bench.core.lossless import SampledCheckSettings, collect
+    from dflash_ops.bench.core.lossless import collect
+    from dflash_ops.bench.core.results import SampledCheckSettings
     from dflash_ops.bench.core.sampling import Sampling
 
     sizes = {"reference": 3 * settings.samples, "speculative": 2 * settings.samples}

@@ -294,7 +294,8 @@ def sampled_continuations(
     """The sampled lossless check's continuations from one engine (the engines run one after
     the other here, so each side is collected alone and the test runs afterwards)."""
     from dflash_ops.bench.core.client import Endpoint
-    from dflash_ops.bench.core.lossless import SampledCheckSettings, collect
+    from dflash_ops.bench.core.lossless import collect
+    from dflash_ops.bench.core.results import SampledCheckSettings
     from dflash_ops.bench.core.sampling import Sampling
 
     async def run() -> dict[str, list[list[int]]]:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from dflash_ops.bench.core.client import Endpoint
-from dflash_ops.bench.core.lossless import SampledCheckSettings, check_sampled_lossless
+from dflash_ops.bench.core.lossless import check_sampled_lossless
+from dflash_ops.bench.core.results import SampledCheckSettings
 from dflash_ops.bench.core.sampling import Sampling
 from dflash_ops.cli import main
 from dflash_ops.errors import UserError

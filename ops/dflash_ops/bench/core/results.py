@@ -225,6 +225,19 @@ class SiteFinding(BaseModel):
     detail: str
 
 
+class SampledCheckSettings(BaseModel):
+    """How much the sampled check samples (per prompt and side) and how strict it is."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompts: int = Field(default=4, ge=1, le=10, description="of the fixed prompts")
+    samples: int = Field(default=200, ge=10, le=100_000, description="per prompt and side")
+    tokens: int = Field(default=8, ge=2, le=256, description="generated per continuation")
+    alpha: float = Field(default=0.01, gt=0, lt=1, description="the false-alarm rate allowed")
+    permutations: int = Field(default=999, ge=99, le=100_000)
+    seed: int = 0
+
+
 class SampledLosslessCheck(BaseModel):
     reference_url: str
     sampling: str

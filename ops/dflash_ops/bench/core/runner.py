@@ -35,7 +35,6 @@ from dflash_ops.bench.core import slo
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
 from dflash_ops.bench.core.lossless import (
     Reference,
-    SampledCheckSettings,
     check_lossless,
     check_sampled_lossless,
     refuse_greedy,
@@ -50,6 +49,7 @@ from dflash_ops.bench.core.results import (
     RunningBatch,
     RunResult,
     RunStatus,
+    SampledCheckSettings,
     SpecDecodeStats,
     Spread,
 )
@@ -80,10 +80,12 @@ class Target:
 class Progress:
     """One self-rewriting stderr line on a terminal; quarters only in a log."""
 
-    def __init__(self, label: str, total: int | None, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, label: str, total: int | None, stream: TextIO | None = None) -> None:
         self.label, self.total, self.done, self.tokens = label, total, 0, 0
-        self.stream = stream
-        self.tty = stream.isatty()
+        # sys.stderr as it is now, not as it was when this module was imported (a default
+        # argument would keep a stream someone has since replaced and closed).
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
         self.started = time.perf_counter()
 
     def advance(self, tokens: int) -> None:

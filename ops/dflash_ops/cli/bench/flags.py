@@ -15,8 +15,7 @@ from dflash_ops.cli.arguments import http_url, number
 from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
-    from dflash_ops.bench.core.lossless import SampledCheckSettings
-    from dflash_ops.bench.core.results import BenchSettings
+    from dflash_ops.bench.core.results import BenchSettings, SampledCheckSettings
     from dflash_ops.bench.core.runner import Level
     from dflash_ops.bench.core.sampling import Sampling
 
@@ -175,7 +174,7 @@ SAMPLED_CHECK_FIELDS = ("prompts", "samples", "tokens", "alpha")
 
 def add_sampled_check_flags(parser: argparse.ArgumentParser) -> None:
     """--sampled-lossless-FIELD for the fields of SampledCheckSettings a user sizes."""
-    from dflash_ops.bench.core.lossless import SampledCheckSettings
+    from dflash_ops.bench.core.results import SampledCheckSettings
 
     group = parser.add_argument_group("the sampled lossless check (--check-sampled-lossless)")
     for name in SAMPLED_CHECK_FIELDS:
@@ -193,7 +192,7 @@ def sampled_check_settings(args: argparse.Namespace) -> SampledCheckSettings:
     """SampledCheckSettings from the flags; a value out of range is named in one line."""
     import pydantic
 
-    from dflash_ops.bench.core.lossless import SampledCheckSettings
+    from dflash_ops.bench.core.results import SampledCheckSettings
 
     values = {name: getattr(args, f"sampled_lossless_{name}") for name in SAMPLED_CHECK_FIELDS}
     try:
