@@ -209,6 +209,7 @@ async def measure(
     """Collect the pools (or load them from `pools_path`, written there after a collection),
     then run the trials."""
     from dflash_ops.bench.core.client import Endpoint
+    from dflash_ops.bench.core.lossless import refuse_speculating_reference
 
     if pools_path is not None and pools_path.exists():
         print(f"pools from {pools_path} (delete it to collect again)", file=sys.stderr)
@@ -217,18 +218,9 @@ async def measure(
     speculative = Endpoint(base_url, api_key=api_key)
     reference = Endpoint(reference_url, api_key=api_key)
     try:
-        if model is None:
-            served = await speculative.models()
-            if not served:
-                raise UserError(f"{base_url} serves no model")
-            model = served[0]
-        await speculative.check_model(model)
+        model = await speculative.model_to_use(model)
         await reference.check_model(model)
-        if await reference.counters() is not None:
-            raise UserError(
-                f"{reference_url} exports speculative decoding counters: the reference must "
-                "serve the same model without --speculative-config"
-            )
+        await refuse_speculating_reference(reference, "--reference-url")
         started = time.perf_counter()
         pools = await collect_pools(speculative, reference, model, settings)
         collect_s = time.perf_counter() - started

@@ -7,9 +7,15 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from dflash_ops.errors import UserError
 from dflash_ops.urls import check_http_url
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    Model = TypeVar("Model", bound=BaseModel)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -99,3 +105,45 @@ def kubernetes_name(text: str) -> str:
             "letter or digit, at most 63 characters"
         )
     return text
+
+
+def add_field_flags(
+    parser: argparse._ActionsContainer,
+    model: type[BaseModel],
+    names: tuple[str, ...],
+    prefix: str = "",
+    low: float = 0,
+) -> None:
+    """A `--PREFIXNAME` flag per field of `model` (underscores as dashes), its default, help and
+    number type from the field; the field's own bounds are checked by `fields_from_flags`."""
+    for name in names:
+        field = model.model_fields[name]
+        kind = float if field.annotation is float else int
+        parser.add_argument(
+            f"--{prefix}{name.replace('_', '-')}",
+            dest=f"{prefix}{name}".replace("-", "_"),
+            type=number(kind, low, 1_000_000),
+            default=field.default,
+            help=f"{field.description or ''} ({field.default})".strip(),
+        )
+
+
+def fields_from_flags(
+    model: type[Model],
+    args: argparse.Namespace,
+    names: tuple[str, ...],
+    prefix: str = "",
+    **fixed: object,
+) -> Model:
+    """`model` from the flags add_field_flags made (and `fixed` values); a value the model
+    refuses is one line naming the flag and the value."""
+    from pydantic import ValidationError
+
+    values = {name: getattr(args, f"{prefix}{name}".replace("-", "_")) for name in names}
+    try:
+        return model(**values, **fixed)
+    except ValidationError as err:
+        problem = err.errors()[0]
+        name = str(problem["loc"][0])
+        flag = f"--{prefix}{name.replace('_', '-')}"
+        raise UserError(f"{flag} {values.get(name)}: {problem['msg'].lower()}") from None

@@ -142,6 +142,16 @@ class Endpoint:
                 f"{self.base_url}/v1/models is not an OpenAI model list: {text[:120]!r}"
             ) from None
 
+    async def model_to_use(self, model: str | None) -> str:
+        """`model`, checked to be served here; None: the first model served."""
+        if model is not None:
+            await self.check_model(model)
+            return model
+        served = await self.models()
+        if not served:
+            raise UserError(f"{self.base_url} serves no model")
+        return served[0]
+
     async def check_model(self, model: str) -> None:
         served = await self.models()
         if model not in served:

@@ -9,10 +9,10 @@ everything feeding it (the target's probabilities at the right positions, the re
 bonus tokens, the per-request random streams) being exactly right. So the check draws many
 seeded continuations of a few tokens from fixed prompts on both endpoints, under the run's
 sampling, and tests that they follow one distribution (two_sample.permutation_test: position by
-position given the prefix, calibrated by permutation, so a false alarm has probability at most
-alpha). Each side's requests run at the concurrency checked, both sides at once, with disjoint
-seeds (independent samples); every request generates exactly `tokens` tokens (ignore_eos), so
-the positions of all samples line up."""
+position, alone and after the token before, calibrated by permutation, so a false alarm has
+probability at most alpha). Each side's requests run at the concurrency checked, both sides at
+once, with disjoint seeds (independent samples); every request generates exactly `tokens` tokens
+(ignore_eos), so the positions of all samples line up."""
 
 from __future__ import annotations
 
@@ -118,6 +118,17 @@ def refuse_greedy(sampling: Sampling) -> None:
         )
 
 
+async def refuse_speculating_reference(reference: Endpoint, flag: str) -> None:
+    """A reference for sampled outputs must serve without speculation: one that exports
+    speculative counters is refused before anything is collected from it."""
+    if await reference.counters() is not None:
+        raise UserError(
+            f"the sampled lossless reference {reference.base_url} exports speculative decoding "
+            f"counters: it serves with speculation. Point {flag} at the same model served "
+            "without --speculative-config."
+        )
+
+
 async def collect(
     endpoint: Endpoint,
     model: str,
@@ -180,16 +191,11 @@ async def check_sampled_lossless(
 ) -> list[SampledLosslessCheck]:
     """One test per concurrency, each at alpha / (number of concurrencies), so the run's
     false-alarm rate stays at most alpha. `reference_sampling` (default: `sampling`) exists to
-    plant a difference when the check's power is measured (sampled_lossless_power)."""
+    plant a difference when the check's power is measured (bench/lossless_power.py)."""
     settings = settings or SampledCheckSettings()
     refuse_greedy(sampling)
     alpha = settings.alpha / max(len(concurrency), 1)
-    if await reference.counters() is not None:
-        raise UserError(
-            f"the sampled lossless reference {reference.base_url} exports speculative decoding "
-            "counters: it serves with speculation. Point --check-sampled-lossless at the same "
-            "model served without --speculative-config."
-        )
+    await refuse_speculating_reference(reference, "--check-sampled-lossless")
     checks = []
     per_side = settings.prompts * settings.samples
     for index, level in enumerate(concurrency):

@@ -603,12 +603,7 @@ async def run_bench(
         publish("running")
 
     try:
-        if model is None:
-            served = await endpoint.models()
-            if not served:
-                raise UserError(f"{endpoint.base_url} serves no model")
-            model = served[0]
-        await endpoint.check_model(model)
+        model = await endpoint.model_to_use(model)
         if reference is not None:  # before the run, not after it
             await reference.check_model(reference_model or model)
         if sampled_endpoint is not None and sampled is not None:

@@ -79,7 +79,7 @@ class TwoSampleResult(BaseModel):
 
 
 class _Site:
-    """One (prompt, position): its chi-square statistic under every label vector."""
+    """One (prompt, position, grouping): its chi-square statistic under every label vector."""
 
     def __init__(self, prompt: str, position: int, statistics: np.ndarray, table: _Table) -> None:
         self.prompt = prompt

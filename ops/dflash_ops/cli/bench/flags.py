@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from dflash_ops.bench.core.prompts import FILE_SETS, PROMPT_SETS
 from dflash_ops.bench.core.results import DEFAULT_REQUEST_TIMEOUT_S
-from dflash_ops.cli.arguments import http_url, number
+from dflash_ops.cli.arguments import add_field_flags, fields_from_flags, http_url, number
 from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
@@ -177,32 +177,16 @@ def add_sampled_check_flags(parser: argparse.ArgumentParser) -> None:
     from dflash_ops.bench.core.results import SampledCheckSettings
 
     group = parser.add_argument_group("the sampled lossless check (--check-sampled-lossless)")
-    for name in SAMPLED_CHECK_FIELDS:
-        field = SampledCheckSettings.model_fields[name]
-        kind = float if field.annotation is float else int
-        group.add_argument(
-            f"--sampled-lossless-{name}",
-            type=number(kind, 0, 1_000_000),
-            default=field.default,
-            help=f"{field.description} ({field.default})",
-        )
+    add_field_flags(group, SampledCheckSettings, SAMPLED_CHECK_FIELDS, "sampled-lossless-")
 
 
 def sampled_check_settings(args: argparse.Namespace) -> SampledCheckSettings:
     """SampledCheckSettings from the flags; a value out of range is named in one line."""
-    import pydantic
-
     from dflash_ops.bench.core.results import SampledCheckSettings
 
-    values = {name: getattr(args, f"sampled_lossless_{name}") for name in SAMPLED_CHECK_FIELDS}
-    try:
-        return SampledCheckSettings(**values, seed=args.seed)
-    except pydantic.ValidationError as err:
-        problem = err.errors()[0]
-        name = str(problem["loc"][0])
-        raise UserError(
-            f"--sampled-lossless-{name} {values.get(name)}: {problem['msg'].lower()}"
-        ) from None
+    return fields_from_flags(
+        SampledCheckSettings, args, SAMPLED_CHECK_FIELDS, "sampled-lossless-", seed=args.seed
+    )
 
 
 def sampling_of(args: argparse.Namespace) -> Sampling:

@@ -9,11 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
-from dflash_ops.cli.arguments import http_url, number
+from dflash_ops.cli.arguments import add_field_flags, fields_from_flags, http_url
 from dflash_ops.cli.bench.flags import needs_bench_extra
-from dflash_ops.errors import UserError
 
 # PowerSettings' fields, as --flags (bounds are the model's: a wrong value is named in one line).
 FIELDS = (
@@ -52,15 +49,7 @@ def register(actions: Any) -> None:
         help="keep the collected continuations in FILE; when FILE exists, run the trials on "
         "it instead of collecting again",
     )
-    for name in FIELDS:
-        field = PowerSettings.model_fields[name]
-        kind = float if field.annotation is float else int
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            type=number(kind, -1_000_000, 1_000_000),
-            default=field.default,
-            help=f"{field.description or ''} ({field.default})".strip(),
-        )
+    add_field_flags(parser, PowerSettings, FIELDS, low=-1_000_000)
     parser.set_defaults(handler=run)
 
 
@@ -69,14 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_ops.bench.core.two_sample import permutations_for
     from dflash_ops.bench.lossless_power import PowerSettings, measure
 
-    values = {name: getattr(args, name) for name in FIELDS}
-    try:
-        settings = PowerSettings(**values)
-    except pydantic.ValidationError as err:
-        problem = err.errors()[0]
-        name = str(problem["loc"][0])
-        flag = "--" + name.replace("_", "-")
-        raise UserError(f"{flag} {values.get(name)}: {problem['msg'].lower()}") from None
+    settings = fields_from_flags(PowerSettings, args, FIELDS)
     result = asyncio.run(
         measure(args.base_url, args.reference_url, args.model, settings, args.api_key, args.pools)
     )
