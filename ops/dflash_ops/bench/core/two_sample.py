@@ -140,11 +140,20 @@ class _Table:
         )
 
 
+class _Labels:
+    """A prompt's label vectors (row 0 observed, then the permutations), converted once for
+    all its sites: float32 to count tokens (exact for any count here), float64 to weigh."""
+
+    def __init__(self, labels: np.ndarray) -> None:
+        self.counting = labels.astype(np.float32)
+        self.weighing = labels.astype(np.float64)
+
+
 def _site_statistics(
-    sequences: list[tuple[int, ...]], position: int, context: int, labels: np.ndarray
+    sequences: list[tuple[int, ...]], position: int, context: int, labels: _Labels
 ) -> tuple[np.ndarray, np.ndarray, _Table]:
     """Pearson's chi-square of homogeneity at `position`, summed over the groups of samples
-    whose `context` tokens before it agree, for every row of `labels` (True: the first side)."""
+    whose `context` tokens before it agree, for every row of `labels` (1: the first side)."""
     groups: dict[tuple[int, ...], int] = {}
     cells: dict[tuple[int, int], int] = {}
     cell_of = np.empty(len(sequences), dtype=np.int64)
@@ -159,7 +168,7 @@ def _site_statistics(
     cell_group = np.array([g for g, _ in cells], dtype=np.int64)
     onehot = np.zeros((len(sequences), len(cells)), dtype=np.float32)
     onehot[np.arange(len(sequences)), cell_of] = 1
-    first = (labels.astype(np.float32) @ onehot).astype(np.float64)  # rows x cells
+    first = (labels.counting @ onehot).astype(np.float64)  # rows x cells
     total = onehot.sum(axis=0).astype(np.float64)
     group_total = np.bincount(cell_group, weights=total, minlength=len(groups))
     membership = np.zeros((len(cells), len(groups)))
@@ -176,7 +185,7 @@ def _site_statistics(
     # that is too greedy (a temperature too low, drafts accepted too often) draws the common
     # tokens more often; one too flat, less. One signed number per label vector.
     scores = (total / group_total[cell_group])[cell_of]
-    chosen = labels.astype(np.float64)
+    chosen = labels.weighing
     ones = chosen.sum(axis=1)
     sharpness = chosen @ scores / ones - (1 - chosen) @ scores / (len(sequences) - ones)
     table = _Table(
@@ -230,7 +239,9 @@ def permutation_test(
         sequences = [tuple(s[:length]) for s in ones + others]
         observed = np.zeros(len(sequences), dtype=bool)
         observed[: len(ones)] = True
-        labels = np.vstack([observed, rng.permuted(np.tile(observed, (permutations, 1)), axis=1)])
+        labels = _Labels(
+            np.vstack([observed, rng.permuted(np.tile(observed, (permutations, 1)), axis=1)])
+        )
         for position in range(length):
             for context in CONTEXTS:
                 if context > position:
