@@ -203,9 +203,9 @@ class StackConfig(BaseModel):
     @property
     def draft_dir(self) -> Path:
         if self.models == "paying":
-            if self.draft_noise is None:
+            if self.noise == 0:
                 return self.paying_draft_dir
-            return self.models_dir / f"paying-draft-noise{self.draft_noise:g}"
+            return self.models_dir / f"paying-draft-noise{self.noise:g}"
         return self.models_dir / f"draft-noise{self.noise:g}"
 
     @property
