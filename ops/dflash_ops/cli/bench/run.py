@@ -101,7 +101,7 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
     """Run the benchmark into --out (see run_directory.run_into)."""
     from dflash_ops.bench.core import prompt_files, token_counter
     from dflash_ops.bench.core.client import check_base_url
-    from dflash_ops.bench.core.lossless import Reference, refuse_greedy
+    from dflash_ops.bench.core.lossless import Reference
     from dflash_ops.bench.core.run_directory import run_into
     from dflash_ops.bench.core.runner import Target
 
@@ -126,7 +126,6 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
     sampled_url = getattr(args, "check_sampled_lossless", None)
     if sampled_url:
         check_base_url(sampled_url)
-        refuse_greedy(settings.sampling)
         sampled = Reference(
             sampled_url,
             getattr(args, "reference_model", None),
