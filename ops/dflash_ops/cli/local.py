@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
             where = f"{problem['loc'][0]}: " if problem["loc"] else ""
             message = str(problem["msg"]).removeprefix("Value error, ")
             raise UserError(f"local up: {where}{message}") from None
-        state = stack.up(config, api_key)
+        state = stack.up(config, api_key, exits_when_interrupted=True)
         for record in state.processes:
             print(f"{record.name:<13} {record.url:<26} pid {record.pid:<7} log {record.log}")
         if args.foreground:

@@ -548,10 +548,15 @@ def rotate_key(state_dir: Path, new_key: str | None) -> str:
     return "the new key is now the only one the doors accept"
 
 
-def up(config: StackConfig, api_key: str | None = None) -> StackState:
+def up(
+    config: StackConfig, api_key: str | None = None, *, exits_when_interrupted: bool = False
+) -> StackState:
     """Start the stack, or the parts of it that died; refuse a different running configuration.
     Ctrl-C stops whatever was started (a second Ctrl-C is ignored while it does). With
-    config.auth, `api_key` is the key the doors require (kept from the last `up` if None)."""
+    config.auth, `api_key` is the key the doors require (kept from the last `up` if None).
+    A caller that exits once interrupted (the CLI) passes `exits_when_interrupted`: the signals
+    then stay ignored after the clean-up, so a second Ctrl-C cannot cut its exit short with a
+    traceback; any other caller gets its handlers back."""
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         probe = config.state_dir / ".write-test"
@@ -607,9 +612,11 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
     previous = {sig: h for sig in wanted if (h := signal.getsignal(sig)) is not None}
     for sig in handled:
         signal.signal(sig, _interrupt)
+    interrupted = False
     try:
         return _start(config, state)
     except KeyboardInterrupt as interrupt:
+        interrupted = True
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         say("interrupted: stopping what was started...")
@@ -617,8 +624,9 @@ def up(config: StackConfig, api_key: str | None = None) -> StackState:
         say("stopped")
         raise StackInterrupted(_signal_of(interrupt)) from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not (interrupted and exits_when_interrupted):
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class StackInterrupted(UserError):

@@ -355,6 +355,32 @@ def test_an_interrupted_up_gives_back_every_signal_handler(
     assert {sig: signal.getsignal(sig) for sig in sentinel} == sentinel
 
 
+def test_a_caller_that_exits_keeps_the_signals_ignored_after_an_interruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI exits after an interruption: a second Ctrl-C landing after the clean-up, while
+    the interpreter shuts down, must not end it by a traceback in an atexit handler."""
+
+    def interrupted_start(config: stack.StackConfig, previous: object) -> stack.StackState:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stack, "_start", interrupted_start)
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.getsignal(sig) for sig in handled}
+    try:
+        with pytest.raises(stack.StackInterrupted):
+            stack.up(
+                config(tmp_path, engine_port=free_port(), sidecar_port=free_port()),
+                exits_when_interrupted=True,
+            )
+        assert {sig: signal.getsignal(sig) for sig in handled} == dict.fromkeys(
+            handled, signal.SIG_IGN
+        )
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 @pytest.mark.parametrize(
     ("host", "message"),
     [
