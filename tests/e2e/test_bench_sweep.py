@@ -28,7 +28,7 @@ def test_local_sweep_interrupted_resumed_and_recommended(tmp_path: Path, models_
     command = [
         sys.executable, "-m", "dflash_ops.cli", "bench", "sweep", "--deployer", "local",
         "--state-dir", str(state_dir), "--enforce-eager", "--k", "2,4",
-        "--concurrency", "1,4", "--num-prompts", "4", "--repeats", "2", "--warmup", "1",
+        "--concurrency", "1,4", "--num-requests", "4", "--repeats", "2", "--warmup", "1",
         "--max-tokens", "24", "--schedule", "1-1:4,2-:1", "--out", str(out),
         "--temperature", "0", "--ignore-eos",
     ]  # fmt: skip

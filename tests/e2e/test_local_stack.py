@@ -461,7 +461,7 @@ def test_prompt_files_goodput_records_compare_and_search_on_the_engine(
     assert "| mean acceptance length | concurrency 2 |" in compared.stdout
     searched = subprocess.run(
         [sys.executable, "-m", "dflash_ops.cli", "bench", "search", "--base-url", engine,
-         "--out", str(tmp_path / "search"), "--low", "1", "--high", "2", "--num-prompts", "2",
+         "--out", str(tmp_path / "search"), "--low", "1", "--high", "2", "--num-requests", "2",
          "--max-tokens", "8", "--warmup", "0", "--goodput", "e2e:600000",
          "--temperature", "0", "--ignore-eos"],
         capture_output=True, text=True, timeout=900,

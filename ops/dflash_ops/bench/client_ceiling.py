@@ -20,11 +20,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from dflash_ops.bench.core.client import Endpoint
-from dflash_ops.bench.core.prompts import build
+from dflash_ops.bench.core.prompts import RandomShape, build
 from dflash_ops.bench.core.results import BenchSettings
 from dflash_ops.bench.core.run_directory import RunDirectory
 from dflash_ops.bench.core.runner import Level, Progress, run_pass
 from dflash_ops.bench.core.sampling import Sampling
+from dflash_ops.bench.core.token_counter import load_tokenizer
 from dflash_ops.errors import UserError
 from dflash_ops.loopback import start_server
 
@@ -62,9 +63,12 @@ async def _ours(url: str, concurrency: int, requests: int, max_tokens: int, work
     # Every request written to requests.jsonl as it completes, as a real run does.
     directory = RunDirectory(work / "ours")
     try:
-        prompts = build("random", requests, input_len=32)
+        # The same 32 tokens of the same tokenizer as vllm bench serve's random prompts.
+        tokenizer = load_tokenizer(str(_tokenizer_dir()))
+        prompts = build("random", requests, RandomShape(input_len=32), tokenizer=tokenizer)
         settings = BenchSettings(
-            prompt_set="random", input_len=32, max_tokens=max_tokens, num_requests=requests,
+            prompt_set="random", input_len=32, input_unit="tokens", max_tokens=max_tokens,
+            num_requests=requests,
             duration_s=None, repeats=1, warmup=0, seed=0, sampling=SAMPLING,
         )  # fmt: skip
         run, _ = await run_pass(

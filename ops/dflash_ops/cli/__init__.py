@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dflash_ops import __version__
+from dflash_ops.cli import unknown_options
 from dflash_ops.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -52,7 +53,12 @@ def _subcommand_registrars() -> list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    unknown = unknown_options.find(parser, words)
+    if unknown is not None:
+        reader, message = unknown
+        reader.error(message)
+    args = parser.parse_args(words)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

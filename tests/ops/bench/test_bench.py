@@ -6,12 +6,13 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dflash_ops.bench.core import report
 from dflash_ops.bench.core.client import Endpoint, check_base_url
 from dflash_ops.bench.core.lossless import check_lossless
-from dflash_ops.bench.core.prompts import build
+from dflash_ops.bench.core.prompts import RandomShape, build
 from dflash_ops.bench.core.results import BenchResult, BenchSettings, Percentiles, Spread
 from dflash_ops.bench.core.run_directory import RunDirectory
 from dflash_ops.bench.core.runner import Level, Target, run_bench
@@ -199,18 +200,35 @@ def test_spread_and_percentiles() -> None:
     assert Percentiles.of_seconds([]) is None
 
 
-def test_prompt_sets() -> None:
+def test_prompt_sets(tokenizer: Any) -> None:
     fixed = build("fixed", 12)
     assert len(fixed) == 12 and fixed[10].messages == fixed[0].messages
-    random_set = build("random", 5, input_len=40, seed=1)
-    lengths = [len(p.messages[0]["content"].split()) for p in random_set]
-    assert all(20 <= n <= 60 for n in lengths) and len(set(lengths)) > 1
-    assert build("random", 5, input_len=40, seed=1) == random_set
-    shared = build("shared-prefix", 4, input_len=100)
+
+    def tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    shape = RandomShape(input_len=40, output_len=10, input_ratio=0.5, output_ratio=0.2)
+    random_set = build("random", 8, shape, seed=1, tokenizer=tokenizer)
+    lengths = [tokens(p.messages[0]["content"]) for p in random_set]
+    # vLLM's interval [floor(40 x 0.5), ceil(40 x 1.5)], give or take a token where the decoded
+    # text re-tokenizes at a joint differently
+    assert all(19 <= n <= 61 for n in lengths) and len(set(lengths)) > 1, lengths
+    assert {p.max_tokens for p in random_set} <= set(range(8, 13))
+    assert build("random", 8, shape, seed=1, tokenizer=tokenizer) == random_set
+    fixed_len = build("random", 4, RandomShape(input_len=24, prefix_len=6), tokenizer=tokenizer)
+    assert all(abs(tokens(p.messages[0]["content"]) - 30) <= 1 for p in fixed_len)
+    assert all(p.max_tokens is None for p in fixed_len)  # no --random-output-len: --max-tokens
+    heads = {tokenizer.decode(tokenizer.encode(p.messages[0]["content"])[:4]) for p in fixed_len}
+    assert len(heads) == 1  # one prefix for all
+    with pytest.raises(ValueError, match="sized in tokens"):
+        build("random", 2)
+    shared = build("shared-prefix", 4, RandomShape(input_len=100), tokenizer=tokenizer)
     systems = {p.messages[0]["content"] for p in shared}
-    assert len(systems) == 1 and len(next(iter(systems)).split()) > 100
+    assert len(systems) == 1 and tokens(next(iter(systems))) >= 100
     assert len({p.messages[1]["content"] for p in shared}) == 4
-    groups = build("shared-prefix", 7, input_len=50, prefix_groups=3)
+    groups = build(
+        "shared-prefix", 7, RandomShape(input_len=50), prefix_groups=3, tokenizer=tokenizer
+    )
     by_group = [p.messages[0]["content"] for p in groups]
     assert len(set(by_group)) == 3 and by_group[:3] == by_group[3:6] == [
         by_group[6],

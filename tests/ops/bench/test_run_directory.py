@@ -35,7 +35,7 @@ def bench(base_url: str, out: Path, *flags: str) -> subprocess.CompletedProcess[
 
 def load(concurrency: str, prompts: int, repeats: int, warmup: int, max_tokens: int) -> list[str]:
     return [
-        "--concurrency", concurrency, "--num-prompts", str(prompts), "--repeats", str(repeats),
+        "--concurrency", concurrency, "--num-requests", str(prompts), "--repeats", str(repeats),
         "--warmup", str(warmup), "--max-tokens", str(max_tokens),
     ]  # fmt: skip
 
@@ -195,7 +195,7 @@ def test_started_at_is_the_start_and_a_failed_rerun_keeps_the_earlier_results(
     finished = datetime.datetime.fromisoformat(saved["finished_at"])
     assert (finished - started).total_seconds() >= 2  # 6 requests of 8 x 50 ms
     # A later run into the same folder that cannot reach its server loses nothing.
-    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    kept = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     again = bench("http://127.0.0.1:9", out, "--concurrency", "1")
     assert again.returncode == 2 and "cannot reach" in again.stderr
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
+    assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == kept

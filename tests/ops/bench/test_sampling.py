@@ -27,7 +27,7 @@ def bench(server: str, out: Path, *flags: str) -> tuple[list[dict[str, Any]], Be
     token = uuid.uuid4().hex
     base = f"{server}/echo/{token}"
     done = subprocess.run(
-        [*CLI, "bench", "--base-url", base, "--concurrency", "1,2", "--num-prompts", "4",
+        [*CLI, "bench", "--base-url", base, "--concurrency", "1,2", "--num-requests", "4",
          "--repeats", "2", "--warmup", "0", "--max-tokens", "6", "--out", str(out), *flags],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -78,15 +78,32 @@ def test_left_out_nothing_is_sent_and_the_run_says_so(scripted_server: str, tmp_
 
 
 def test_greedy_needs_no_seed_and_random_prompts_ignore_eos(
-    scripted_server: str, tmp_path: Path
+    scripted_server: str, tmp_path: Path, tokenizer_dir: Path
 ) -> None:
     bodies, result, _ = bench(
         scripted_server, tmp_path, "--temperature", "0", "--no-request-seeds",
-        "--dataset-name", "random", "--random-input-len", "8",
+        "--dataset-name", "random", "--random-input-len", "8", "--tokenizer", str(tokenizer_dir),
     )  # fmt: skip
     assert all(b["temperature"] == 0 and "seed" not in b for b in bodies)
     assert all(b["ignore_eos"] is True for b in bodies)  # as vllm bench serve does for random
     assert result.settings.sampling.describe() == "temperature 0 (greedy), ignore-eos"
+
+
+def test_random_prompts_without_a_tokenizer_are_refused_in_one_line(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    """The scripted server loaded its model from nowhere on this machine: no tokenizer to size
+    the prompts in, and none is downloaded behind the user's back."""
+    done = subprocess.run(
+        [*CLI, "bench", "--base-url", f"{scripted_server}/echo/{uuid.uuid4().hex}",
+         "--dataset-name", "random",
+         "--num-requests", "2", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "--dataset-name random is sized in tokens" in last and "pass --tokenizer" in last
+    assert "Traceback" not in done.stderr and "huggingface.co" not in done.stderr
 
 
 def test_the_same_seed_sends_the_same_seeds(scripted_server: str, tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_search_against_a_server_whose_latency_grows_with_load(
     done = subprocess.run(
         [sys.executable, "-m", "dflash_ops.cli", "bench", "search", "--base-url",
          f"{scripted_server}/queue", "--out", str(out), "--goodput", "e2e:425", "--low", "1",
-         "--high", "64", "--num-prompts", "16", "--warmup", "0", "--max-tokens", "2"],
+         "--high", "64", "--num-requests", "16", "--warmup", "0", "--max-tokens", "2"],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

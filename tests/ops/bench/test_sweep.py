@@ -183,8 +183,17 @@ def test_helm_sweep_upgrades_per_setting_and_restores_the_original_values(
     analysis = json.loads((out / "sweep-results.json").read_text())
     assert {p["key"] for p in analysis["points"]} == {"off", "dflash-k4", "mtp-k4"}
     assert len(analysis["recommendations"]) == 2
-    for picture in ("throughput.png", "latency.png", "acceptance-by-k.png", "speedup.png"):
+    for picture in (
+        "throughput.png", "latency.png", "acceptance-by-k.png", "speedup.png", "pareto.png"
+    ):  # fmt: skip
         assert (out / picture).read_bytes()[:4] == b"\x89PNG"
+    # Each point's vLLM-format records name their setting as the engine's flags name it.
+    exported = [
+        r for path in out.rglob("vllm/*/summary.json") for r in json.loads(path.read_text())
+    ]
+    assert {(r["speculative_method"], r["num_speculative_tokens"]) for r in exported} == {
+        ("off", "0"), ("dflash", "4"), ("mtp", "4")
+    }  # fmt: skip
     assert "| level | recommended |" in done.stdout
     rendered = helm_template([out / "recommended-values.yaml"], [], "dflash", "llm")
     assert "kind: Deployment" in rendered
@@ -427,7 +436,7 @@ def test_ctrl_c_while_a_local_settings_engine_starts_keeps_the_sweep_resumable(
     exit_status = main(
         [
             "bench", "sweep", "--deployer", "local", "--state-dir", str(tmp_path / "stack"),
-            "--k", "2,4", "--concurrency", "1", "--num-prompts", "1", "--enforce-eager",
+            "--k", "2,4", "--concurrency", "1", "--num-requests", "1", "--enforce-eager",
             "--out", str(tmp_path / "sweep"),
         ]
     )  # fmt: skip
@@ -436,3 +445,12 @@ def test_ctrl_c_while_a_local_settings_engine_starts_keeps_the_sweep_resumable(
     assert "interrupted: stopping what was started" in stderr
     assert "the same command resumes" in stderr and "error:" not in stderr
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["done"] == []
+
+
+def test_the_pareto_frontier_keeps_the_points_nothing_beats_on_both() -> None:
+    from dflash_ops.bench.sweep.plots import pareto_frontier
+
+    points = [(10.0, 100.0), (12.0, 90.0), (15.0, 150.0), (15.0, 140.0), (30.0, 150.0),
+              (40.0, 200.0), (5.0, 50.0)]  # fmt: skip
+    assert pareto_frontier(points) == [(5.0, 50.0), (10.0, 100.0), (15.0, 150.0), (40.0, 200.0)]
+    assert pareto_frontier([]) == []

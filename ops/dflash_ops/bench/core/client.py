@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 from dflash_sidecar import metrics_parser
@@ -126,6 +126,17 @@ class Endpoint:
             ) from None
 
     async def models(self) -> list[str]:
+        return [str(entry["id"]) for entry in await self._model_entries()]
+
+    async def model_root(self, model: str) -> str:
+        """Where the server loaded `model` from (vLLM's /v1/models `root`: a directory or a hub
+        id), to load its tokenizer; its id when the server does not say."""
+        for entry in await self._model_entries():
+            if entry["id"] == model:
+                return str(entry.get("root") or model)
+        return model
+
+    async def _model_entries(self) -> list[dict[str, Any]]:
         status, text = await self._get("/v1/models")
         if status == 401:
             which = "is not accepted" if self.headers else "is required"
@@ -136,7 +147,10 @@ class Endpoint:
         if status != 200:
             raise UserError(f"{self.base_url}/v1/models answered {status}: {text[:200]}")
         try:
-            return [str(m["id"]) for m in json.loads(text).get("data", [])]
+            entries = list(json.loads(text).get("data", []))
+            if not all(isinstance(m, dict) and "id" in m for m in entries):
+                raise TypeError
+            return entries
         except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
             raise UserError(
                 f"{self.base_url}/v1/models is not an OpenAI model list: {text[:120]!r}"

@@ -29,12 +29,11 @@ STATUS_LINES = {
 
 def markdown(result: BenchResult) -> str:
     s = result.settings
-    length = f"{s.num_requests} requests" if s.num_requests else f"{s.duration_s:g} s of arrivals"
     lines = [
         f"# Benchmark: {result.model} at {result.base_url}",
         "",
         f"Prompt set `{s.prompt_set}`, sampling: {s.sampling.describe()}; max_tokens "
-        f"{s.max_tokens}, {length} per run, "
+        f"{s.max_tokens}, {s.length_described()}, "
         f"{s.repeats} run(s) per level after {s.warmup} warm-up request(s); streamed; started "
         f"{result.started_at}. Throughput is mean ± stdev (min-max) over the runs; latencies in "
         "ms over every request of the level (interpolated percentiles, n = samples). ITL is the "

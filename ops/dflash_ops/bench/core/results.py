@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dflash_ops.bench.core.prompts import PromptSetName
+from dflash_ops.bench.core.prompts import PromptSetName, RandomShape
 from dflash_ops.bench.core.sampling import Sampling
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
@@ -266,15 +266,45 @@ class SampledLosslessCheck(BaseModel):
         )
 
 
+PercentileMetric = Literal["ttft", "tpot", "itl", "e2el"]
+
+
+def _default_percentile_metrics() -> list[PercentileMetric]:
+    return ["ttft", "tpot", "itl"]  # vllm bench serve's for generative models
+
+
 class BenchSettings(BaseModel):
     prompt_set: PromptSetName
     input_len: int
     max_tokens: int
-    num_requests: int | None
+    num_requests: int | None = Field(description="requests per run (--num-requests)")
     duration_s: float | None
     repeats: int
     warmup: int
     seed: int
+    total_requests: int | None = Field(
+        default=None,
+        description="requests per level, spread over its runs (--num-prompts, as vllm bench "
+        "serve counts them); when set, it decides each run's count",
+    )
+    input_unit: Literal["tokens", "words"] = Field(
+        default="words",
+        description="what input_len counts: tokens of the served model's tokenizer (as vllm "
+        "bench serve); words in results written before",
+    )
+    output_len: int | None = Field(
+        default=None, description="random: output tokens per request (--random-output-len)"
+    )
+    input_range_ratio: float = 0.0
+    output_range_ratio: float = 0.0
+    prefix_len: int = Field(default=0, description="random: shared prefix tokens")
+    label: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    percentile_metrics: list[PercentileMetric] = Field(
+        default_factory=_default_percentile_metrics,
+        description="the metrics the vLLM-format export gives percentiles of",
+    )
+    metric_percentiles: list[float] = Field(default_factory=lambda: [99.0])
     dataset_path: str | None = None
     prefix_groups: int = 1
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
@@ -293,14 +323,47 @@ class BenchSettings(BaseModel):
         "was recorded: they were all greedy, to max_tokens)",
     )
 
+    def requests_in_run(self, repeat: int) -> int | None:
+        """Requests of run `repeat` (0-based): --num-prompts spread over the runs, the first
+        runs one more when it does not divide; else --num-requests; None: by duration."""
+        if self.total_requests is None:
+            return self.num_requests
+        share, extra = divmod(self.total_requests, self.repeats)
+        return share + (1 if repeat < extra else 0)
+
+    def length_described(self) -> str:
+        """How long each run is, in words: `32 requests per run`."""
+        if self.total_requests is not None:
+            return f"{self.total_requests} requests per level over its runs"
+        if self.num_requests is not None:
+            return f"{self.num_requests} requests per run"
+        return f"{self.duration_s or 0:g} s of arrivals per run"
+
+    def random_shape(self) -> RandomShape:
+        return RandomShape(
+            input_len=self.input_len,
+            output_len=self.output_len if self.prompt_set == "random" else None,
+            input_ratio=self.input_range_ratio,
+            output_ratio=self.output_range_ratio,
+            prefix_len=self.prefix_len,
+        )
+
     def workload(self) -> dict[str, str]:
         """What the figures depend on besides the server: the requests and their sampling, by
         name, as a reader compares them."""
         dataset = self.prompt_set + (f" ({self.dataset_path})" if self.dataset_path else "")
+        length = f"{self.input_len} {self.input_unit}"
+        if self.input_range_ratio:
+            length += f" +-{self.input_range_ratio:g}"
+        if self.prefix_len:
+            length += f" after a {self.prefix_len}-token prefix"
+        output = str(self.max_tokens) if self.output_len is None else str(self.output_len)
+        if self.output_len is not None and self.output_range_ratio:
+            output += f" +-{self.output_range_ratio:g}"
         return {
             "dataset": dataset,
-            "input length": str(self.input_len),
-            "max tokens": str(self.max_tokens),
+            "input length": length,
+            "max tokens": output,
             "prefix groups": str(self.prefix_groups),
             "dataset seed": str(self.seed),
             "sampling": self.sampling.describe(),

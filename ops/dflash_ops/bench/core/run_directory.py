@@ -5,7 +5,9 @@
   were counted, a digest of the output text, the error if any);
 - `results.json` and `results.md`: rewritten after every pass and level, atomically (a reader
   never sees half a file), with `status` running / complete / interrupted / failed;
-- `acceptance.png`: drawn once, when the run ends.
+- `acceptance.png`: drawn once, when the run ends;
+- `vllm/<level>/run=N.json` and `summary.json`: each pass in `vllm bench serve`'s format
+  (`vllm_export`), rewritten with results.json.
 
 The folder is touched only once the run has something to write: a run that cannot reach its
 server leaves the previous run's files in place.
@@ -16,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from dflash_ops.bench.core import report
+from dflash_ops.bench.core import report, vllm_export
 from dflash_ops.bench.core.client import RequestRecord
 from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
@@ -55,8 +58,13 @@ def request_line(label: str, run: int, record: RequestRecord, origin: float) -> 
 
 
 class RunDirectory:
-    def __init__(self, out: Path) -> None:
+    def __init__(
+        self, out: Path, save_result: bool = False, result_filename: str | None = None
+    ) -> None:
         self.out = out
+        # The vLLM-format export's single files (vllm_export.write), besides OUT/vllm/.
+        self.save_result, self.result_filename = save_result, result_filename
+        self.lines: list[dict[str, Any]] = []
         out.mkdir(parents=True, exist_ok=True)
         self.requests_path = out / "requests.jsonl"
         self.results_path = out / "results.json"
@@ -70,12 +78,14 @@ class RunDirectory:
             # Files of an earlier run into the same folder must not pass for this run's.
             for stale in (self.results_path, self.markdown_path, self.plot_path):
                 stale.unlink(missing_ok=True)
+            shutil.rmtree(self.out / vllm_export.FOLDER, ignore_errors=True)
             self._requests = self.requests_path.open("w", encoding="utf-8")
         return self._requests
 
     def record(self, label: str, run: int, record: RequestRecord) -> None:
         requests = self._start()
         line = request_line(label, run, record, self.origin)
+        self.lines.append(line)
         requests.write(json.dumps(line, separators=(",", ":")) + "\n")
         requests.flush()
 
@@ -84,6 +94,7 @@ class RunDirectory:
         self._start()
         save_json(self.results_path, result.model_dump_json(indent=2))
         _replace(self.markdown_path, report.markdown(result))
+        vllm_export.write(self.out, result, self.lines, self.save_result, self.result_filename)
         if result.status != "running":
             report.plot(result, self.plot_path)
 
@@ -124,10 +135,14 @@ def run_into(
     levels: list[Level] | LevelPlan,
     settings: BenchSettings,
     prompts: list[Prompt] | None = None,
+    *,
+    save_result: bool = False,
+    result_filename: str | None = None,
 ) -> BenchResult:
     """Run the benchmark, writing `out` as it goes. Ctrl-C and SIGTERM stop it with what was
-    measured written (BenchInterrupted); a run that stopped early raises runner.BenchStopped."""
-    directory = RunDirectory(out)
+    measured written (BenchInterrupted); a run that stopped early raises runner.BenchStopped.
+    `save_result`, `result_filename`: vllm bench serve's single-file results too."""
+    directory = RunDirectory(out, save_result, result_filename)
     signals: list[int] = []
 
     async def main() -> BenchResult:

@@ -31,7 +31,7 @@ from dflash_sidecar.acceptance_window import Snapshot as CounterSnapshot
 from dflash_sidecar.metrics_parser import SeriesKey
 from dflash_sidecar.vllm_metrics import REQUESTS_RUNNING
 
-from dflash_ops.bench.core import slo
+from dflash_ops.bench.core import slo, token_counter
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
 from dflash_ops.bench.core.lossless import (
     Reference,
@@ -39,7 +39,7 @@ from dflash_ops.bench.core.lossless import (
     check_sampled_lossless,
     refuse_greedy,
 )
-from dflash_ops.bench.core.prompts import Prompt, build
+from dflash_ops.bench.core.prompts import TOKEN_SETS, Prompt, build
 from dflash_ops.bench.core.results import (
     BenchResult,
     BenchSettings,
@@ -197,9 +197,12 @@ async def run_pass(
     progress: Progress,
     outcome: PassOutcome | None = None,
     on_record: RecordSink | None = None,
+    *,
+    repeat: int = 0,
 ) -> tuple[RunResult, list[RequestRecord]]:
-    """One pass of a level: the settings' number of requests, or arrivals for its duration; its
-    result and its own records (goodput counted against the settings' objectives). `seed` draws
+    """One pass (`repeat`, from 0) of a level: its share of the settings' requests, or arrivals
+    for its duration; its result and its own records (goodput counted against the settings'
+    objectives). `seed` draws
     the arrivals and the requests' sampling seeds (each pass of a level its own).
 
     Records land in `outcome` as they complete (so an interrupted pass keeps them; `outcome`
@@ -210,7 +213,7 @@ async def run_pass(
     records = outcome.records
     kept = len(records)
     started = outcome.started = time.perf_counter()
-    duration_s, num_requests = settings.duration_s, settings.num_requests
+    duration_s, num_requests = settings.duration_s, settings.requests_in_run(repeat)
     deadline = None if duration_s is None else started + duration_s
     issued = 0
 
@@ -464,7 +467,9 @@ async def run_level(
     label = level_label(level)
     state.first = state.last = await snapshot(endpoint)
     for repeat in range(settings.repeats):
-        progress = Progress(f"{label}, run {repeat + 1}/{settings.repeats}:", settings.num_requests)
+        progress = Progress(
+            f"{label}, run {repeat + 1}/{settings.repeats}:", settings.requests_in_run(repeat)
+        )
         outcome = PassOutcome(records=state.records)
         before = state.last
         state.pass_kept = len(state.records)
@@ -473,7 +478,7 @@ async def run_level(
         try:
             run, _ = await run_pass(
                 endpoint, model, prompts, level, settings, settings.seed + repeat, progress,
-                outcome, on_record,
+                outcome, on_record, repeat=repeat,
             )  # fmt: skip
         finally:
             sampler.cancel()
@@ -609,10 +614,18 @@ async def run_bench(
         if sampled_endpoint is not None and sampled is not None:
             await sampled_endpoint.check_model(sampled.model or model)
         if prompts is None:
-            count = settings.num_requests or 64
+            tokenizer = None
+            if settings.prompt_set in TOKEN_SETS:
+                needed = f"--dataset-name {settings.prompt_set} is sized in tokens"
+                if settings.tokenizer:
+                    tokenizer = token_counter.load_tokenizer(settings.tokenizer, needed)
+                else:
+                    root = await endpoint.model_root(model)
+                    tokenizer = token_counter.load_tokenizer(root, needed, served_from=model)
+            count = max(settings.requests_in_run(0) or 64, 1)
             prompts = build(
-                settings.prompt_set, count, settings.input_len, settings.seed,
-                settings.prefix_groups,
+                settings.prompt_set, count, settings.random_shape(), settings.seed,
+                settings.prefix_groups, tokenizer,
             )  # fmt: skip
         print(
             f"warm-up: {settings.warmup} requests to {endpoint.base_url} ({model})",

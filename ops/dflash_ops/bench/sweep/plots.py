@@ -1,5 +1,7 @@
 """The sweep's pictures, next to its results: throughput vs load with spread bars, TPOT and TTFT
-p50/p99 vs load, per-position acceptance with one curve per k, and the speed-up over `off`."""
+p50/p99 vs load, per-position acceptance with one curve per k, the speed-up over `off`, and the
+Pareto picture: output tok/s against TPOT p99 and TTFT p99, a curve per setting through its
+load levels, the frontier of the points no other beats on both (the setting to run at an SLO)."""
 
 from __future__ import annotations
 
@@ -56,10 +58,7 @@ def draw(results: dict[Setting, BenchResult], out: Path) -> list[Path]:
         ax.set_title(f"{name} p50 (solid) and p99 (dashed)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "latency.png")
-    plt.close(fig)
-    paths.append(out / "latency.png")
+    _save(fig, out / "latency.png", paths)
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for setting, result in ordered:
@@ -92,14 +91,67 @@ def draw(results: dict[Setting, BenchResult], out: Path) -> list[Path]:
         ax.set_ylabel("output tok/s / off")
         ax.set_title("Speed-up over no speculation")
         _finish(fig, ax, out / "speedup.png", paths)
+    _draw_pareto(results, out, paths)
     return paths
 
 
-def _finish(fig: object, ax: object, path: Path, paths: list[Path]) -> None:
+def pareto_frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (latency, throughput) points no other point beats on both (lower or equal latency
+    and higher or equal throughput, one of them strictly), by rising latency."""
+    frontier: list[tuple[float, float]] = []
+    for latency, throughput in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not frontier or throughput > frontier[-1][1]:
+            frontier.append((latency, throughput))
+    return frontier
+
+
+def _draw_pareto(results: dict[Setting, BenchResult], out: Path, paths: list[Path]) -> None:
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    for ax, name, attr in ((axes[0], "TPOT", "tpot_ms"), (axes[1], "TTFT", "ttft_ms")):
+        everything: list[tuple[float, float]] = []
+        for setting, result in sorted(results.items()):
+            points = [
+                (getattr(lv, attr).p99, lv.output_tokens_per_s.mean, _load(lv))
+                for lv in result.levels
+                if getattr(lv, attr) is not None
+            ]
+            if not points:
+                continue
+            line = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                           label=setting.key)[0]  # fmt: skip
+            for latency, throughput, load in points:
+                ax.annotate(
+                    f"{load:g}",
+                    (latency, throughput),
+                    fontsize=6,
+                    color=line.get_color(),
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+            everything += [(p[0], p[1]) for p in points]
+        frontier = pareto_frontier(everything)
+        if frontier:
+            ax.step([p[0] for p in frontier], [p[1] for p in frontier], where="post",
+                    color="black", linewidth=1, alpha=0.5, label="frontier")  # fmt: skip
+        ax.set_xlabel(f"{name} p99 (ms)")
+        ax.set_ylabel("output tokens/s (mean over runs)")
+        ax.set_title(f"Throughput against {name} p99 (labels: load)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(fig, out / "pareto.png", paths)
+
+
+def _finish(fig: object, ax: object, path: Path, paths: list[Path]) -> None:
     ax.grid(alpha=0.3)  # type: ignore[attr-defined]
     ax.legend(fontsize=8)  # type: ignore[attr-defined]
+    _save(fig, path, paths)
+
+
+def _save(fig: object, path: Path, paths: list[Path]) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()  # type: ignore[attr-defined]
     fig.savefig(path)  # type: ignore[attr-defined]
     plt.close(fig)  # type: ignore[arg-type]

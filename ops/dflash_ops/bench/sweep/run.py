@@ -125,7 +125,9 @@ def measure(
     base_url = deployer.apply(setting)
     try:
         target = Target(base_url, model, api_key)
-        run_into(point_dir(out, setting), target, plan.levels, plan.bench, prompts)
+        run_into(
+            point_dir(out, setting), target, plan.levels, setting_bench(plan, setting), prompts
+        )
     except BenchStopped as stopped:
         raise UserError(
             f"{setting.key}: the benchmark stopped early ({stopped.result.stop_reason}); "
@@ -134,6 +136,19 @@ def measure(
         ) from None
     state.done.append(setting.key)
     save_json(out / "sweep.json", state.model_dump_json(indent=2))
+
+
+def setting_bench(plan: SweepPlan, setting: Setting) -> BenchSettings:
+    """The plan's bench settings, its metadata naming the setting as vLLM names the engine's
+    flags: the vLLM-format export of each point (`vllm bench sweep plot SWEEP --curve-by
+    num_speculative_tokens`) tells the settings apart."""
+    names = {
+        "speculative_method": setting.method if setting.k and setting.method else "off",
+        "num_speculative_tokens": str(setting.k),
+    }
+    if setting.schedule:
+        names["speculative_schedule"] = setting.schedule
+    return plan.bench.model_copy(update={"metadata": {**plan.bench.metadata, **names}})
 
 
 def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting | None:

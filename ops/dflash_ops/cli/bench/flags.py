@@ -4,14 +4,24 @@ one set of names for the benchmark run, the search and the sweep."""
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dflash_ops.bench.core.prompts import FILE_SETS, PROMPT_SETS
 from dflash_ops.bench.core.results import DEFAULT_REQUEST_TIMEOUT_S
-from dflash_ops.cli.arguments import add_field_flags, fields_from_flags, http_url, number
+from dflash_ops.bench.core.vllm_export import PERCENTILE_METRICS
+from dflash_ops.cli.arguments import (
+    add_field_flags,
+    choice_list,
+    fields_from_flags,
+    http_url,
+    number,
+    number_list,
+)
 from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
@@ -39,16 +49,53 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_load_flags(parser: argparse.ArgumentParser) -> None:
+    """The levels: closed-loop concurrencies or Poisson request rates (load_levels)."""
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency",
+        type=number_list(int, 0, MAX_CONCURRENCY),
+        help="in-flight requests per level, a closed loop (1,4)",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=rate_list,
+        help="Poisson arrivals per second per level, e.g. 2,8 (open loop); inf, as in vllm "
+        "bench serve: every request at once, --max-concurrency in flight",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=number(int, 1, MAX_CONCURRENCY),
+        help="the most requests in flight: caps --request-rate levels; alone, as in vllm bench "
+        "serve, one closed-loop level at that concurrency",
+    )
+
+
+def rate_list(text: str) -> list[float]:
+    """Comma-separated request rates above 0, or inf (vllm bench serve's default)."""
+    one = number(float, 0, 100_000.0, low_open=True)
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected rates like 2,8 or inf")
+    return [math.inf if part.lower() == "inf" else one(part) for part in parts]
+
+
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     """The request stream of every run, by the names `vllm bench serve` users know (older
     spellings kept as aliases)."""
     length = parser.add_mutually_exclusive_group()
     length.add_argument(
         "--num-prompts",
+        dest="num_prompts",
+        type=number(int, 1, MAX_REQUESTS),
+        help="requests per level, as vllm bench serve counts them (its total): spread over the "
+        "--repeats runs, the first runs one more when it does not divide",
+    )
+    length.add_argument(
         "--num-requests",
         dest="num_requests",
         type=number(int, 1, MAX_REQUESTS),
-        help="requests per run (32)",
+        help="requests per run, each of the --repeats runs (32)",
     )
     length.add_argument(
         "--duration",
@@ -86,14 +133,7 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "repeat it for every replica behind a router: the counters are summed and each "
         "replica's share of the requests is reported (default: the target's own /metrics)",
     )
-    parser.add_argument(
-        "--random-input-len",
-        "--input-len",
-        dest="input_len",
-        type=number(int, 1, MAX_TOKENS),
-        default=256,
-        help="random and shared-prefix: words per prompt or shared prefix (256)",
-    )
+    add_random_flags(parser)
     parser.add_argument(
         "--max-tokens",
         type=number(int, 1, MAX_TOKENS),
@@ -104,7 +144,12 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "--repeats", type=number(int, 1, 1000), default=3, help="runs per level (3)"
     )
     parser.add_argument(
-        "--warmup", type=number(int, 0, 10_000), default=2, help="warm-up requests (2)"
+        "--num-warmups",
+        "--warmup",
+        dest="warmup",
+        type=number(int, 0, 10_000),
+        default=2,
+        help="warm-up requests before the first level, not measured (2)",
     )
     parser.add_argument(
         "--seed",
@@ -136,6 +181,121 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "as levels and requests complete (bench-out)",
     )
     parser.add_argument("--format", choices=["text", "json"], default="text")
+    parser.add_argument(
+        "--label", help="a name for the run, kept in results.json and its vLLM-format export"
+    )
+    parser.add_argument(
+        "--metadata",
+        metavar="KEY=VALUE",
+        nargs="*",
+        type=key_value,
+        help="key-value pairs kept with the results, as vllm bench serve keeps them",
+    )
+
+
+def add_result_flags(parser: argparse.ArgumentParser) -> None:
+    """vllm bench serve's result flags. Every run is also written in its format under
+    OUT/vllm/ (a pass per file, as its sweep lays them out); these add its single files."""
+    group = parser.add_argument_group("vllm bench serve's result files")
+    group.add_argument(
+        "--save-result",
+        action="store_true",
+        help="also write each level, pooled over its runs, as one vllm bench serve result "
+        "file in --result-dir, named as vLLM names it",
+    )
+    group.add_argument(
+        "--result-filename",
+        type=file_name,
+        help="that file's name, for a run of one level (implies --save-result)",
+    )
+    group.add_argument(
+        "--percentile-metrics",
+        type=choice_list(PERCENTILE_METRICS, "metrics", "ttft,tpot,itl"),
+        help="the metrics the vLLM-format results give percentiles of (ttft,tpot,itl)",
+    )
+    group.add_argument(
+        "--metric-percentiles",
+        type=number_list(float, 0, 100, low_open=False),
+        help="which percentiles, e.g. 25,50,99 (99)",
+    )
+
+
+def file_name(text: str) -> str:
+    if not text or "/" in text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a file name in --result-dir, without a directory"
+        )
+    return text
+
+
+def add_random_flags(parser: argparse.ArgumentParser) -> None:
+    """vllm bench serve's random dataset flags, in tokens of the served model's tokenizer
+    (--tokenizer, else the one the server loaded: /v1/models `root`)."""
+    group = parser.add_argument_group(
+        "random and shared-prefix prompts (lengths in tokens, as vllm bench serve)"
+    )
+    group.add_argument(
+        "--random-input-len",
+        "--input-len",
+        dest="input_len",
+        type=number(int, 1, MAX_TOKENS),
+        default=256,
+        help="random: input tokens per request; shared-prefix: tokens per shared system "
+        "prompt (256; vllm bench serve: 1024)",
+    )
+    group.add_argument(
+        "--random-output-len",
+        dest="random_output_len",
+        type=number(int, 1, MAX_TOKENS),
+        help="random: output tokens per request (default: --max-tokens)",
+    )
+    group.add_argument(
+        "--random-range-ratio",
+        dest="random_range_ratio",
+        type=range_ratio,
+        help="random: lengths drawn in [len * (1 - r), len * (1 + r)]; one number for input "
+        'and output, or {"input": r, "output": r} (0)',
+    )
+    group.add_argument(
+        "--random-prefix-len",
+        dest="random_prefix_len",
+        type=number(int, 0, MAX_TOKENS),
+        help="random: tokens of one prefix every prompt starts with, before its own input (0)",
+    )
+
+
+def range_ratio(text: str) -> tuple[float, float]:
+    """--random-range-ratio as vLLM reads it: a number, or a JSON object with input and output;
+    each in [0, 1)."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = text
+    if isinstance(parsed, dict) and set(parsed) == {"input", "output"}:
+        values = [parsed["input"], parsed["output"]]
+    elif isinstance(parsed, (int, float, str)) and not isinstance(parsed, bool):
+        values = [parsed, parsed]
+    else:
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: expected a number in [0, 1) or {{"input": R, "output": R}}'
+        )
+    ratios = []
+    for value in values:
+        try:
+            ratio = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number") from None
+        if not 0 <= ratio < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: each ratio must be in [0, 1)")
+        ratios.append(ratio)
+    return ratios[0], ratios[1]
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. tp=2")
+    return key.strip(), value.strip()
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
@@ -240,15 +400,42 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         )
     if args.prefix_groups > 1 and args.dataset_name != "shared-prefix":
         raise UserError("--prefix-groups shapes --dataset-name shared-prefix only")
+    random_only = {
+        "--random-output-len": args.random_output_len,
+        "--random-range-ratio": args.random_range_ratio,
+        "--random-prefix-len": args.random_prefix_len,
+    }
+    for flag, value in random_only.items():
+        if value is not None and args.dataset_name != "random":
+            raise UserError(
+                f"{flag} shapes --dataset-name random only, not {args.dataset_name}"
+                + (": use --max-tokens" if flag == "--random-output-len" else "")
+            )
+    total = args.num_prompts
+    if total is not None and total < args.repeats:
+        raise UserError(
+            f"--num-prompts {total} is the level's total over --repeats {args.repeats} runs: "
+            f"a run would get no request; give at least {args.repeats}, or --repeats {total}"
+        )
+    input_ratio, output_ratio = args.random_range_ratio or (0.0, 0.0)
     return BenchSettings(
         prompt_set=args.dataset_name,
         input_len=args.input_len,
+        input_unit="tokens",
         max_tokens=args.max_tokens,
-        num_requests=None if args.duration else (args.num_requests or 32),
+        num_requests=None if args.duration or total else (args.num_requests or 32),
+        total_requests=total,
         duration_s=args.duration,
         repeats=args.repeats,
         warmup=args.warmup,
         seed=args.seed,
+        output_len=args.random_output_len,
+        input_range_ratio=input_ratio,
+        output_range_ratio=output_ratio,
+        prefix_len=args.random_prefix_len or 0,
+        label=args.label,
+        metadata=dict(args.metadata or []),
+        **_percentiles(args),
         dataset_path=None if args.dataset_path is None else str(args.dataset_path),
         prefix_groups=args.prefix_groups,
         request_timeout_s=args.request_timeout,
@@ -259,16 +446,34 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     )
 
 
+def _percentiles(args: argparse.Namespace) -> dict[str, list[Any]]:
+    """The vLLM-format export's percentile choices, where this command takes them."""
+    chosen: dict[str, list[Any]] = {}
+    if getattr(args, "percentile_metrics", None):
+        chosen["percentile_metrics"] = args.percentile_metrics
+    if getattr(args, "metric_percentiles", None):
+        chosen["metric_percentiles"] = args.metric_percentiles
+    return chosen
+
+
 def load_levels(args: argparse.Namespace) -> list[Level]:
-    """--concurrency or --request-rate (with --max-concurrency) as levels; default 1,4."""
+    """--concurrency or --request-rate (with --max-concurrency) as levels; default 1,4.
+    As in vllm bench serve, --max-concurrency alone (its request rate is inf: every request at
+    once, so many in flight) is a closed loop at that concurrency, and so is a rate of inf."""
     from dflash_ops.bench.core.runner import Level
 
-    if args.max_concurrency and not args.request_rate:
-        raise UserError("--max-concurrency caps --request-rate levels; use --concurrency alone")
-    if args.request_rate:
-        levels = [
-            Level(request_rate=r, max_concurrency=args.max_concurrency) for r in args.request_rate
-        ]
-    else:
-        levels = [Level(concurrency=c) for c in (args.concurrency or [1, 4])]
-    return levels
+    rates = args.request_rate or []
+    if args.max_concurrency and not rates:
+        return [Level(concurrency=args.max_concurrency)]
+    levels = []
+    for rate in rates:
+        if math.isinf(rate):
+            if not args.max_concurrency:
+                raise UserError(
+                    "--request-rate inf sends every request at once: give --max-concurrency "
+                    "N for how many may be in flight (or --concurrency N)"
+                )
+            levels.append(Level(concurrency=args.max_concurrency))
+        else:
+            levels.append(Level(request_rate=rate, max_concurrency=args.max_concurrency))
+    return levels or [Level(concurrency=c) for c in (args.concurrency or [1, 4])]

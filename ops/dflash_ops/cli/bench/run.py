@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_ops.bench.core.slo import ObjectivesAction
 from dflash_ops.bench.core.slo import parse as slo_objectives
-from dflash_ops.cli.arguments import http_url, number, number_list
+from dflash_ops.cli.arguments import http_url, number_list
 from dflash_ops.cli.bench.flags import (
     MAX_CONCURRENCY,
+    add_load_flags,
+    add_result_flags,
     add_sampled_check_flags,
     add_target_flags,
     add_workload_flags,
@@ -20,6 +23,7 @@ from dflash_ops.cli.bench.flags import (
     needs_bench_extra,
     sampled_check_settings,
 )
+from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
     from dflash_ops.bench.core.results import BenchResult
@@ -45,28 +49,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     add_target_flags(parser)
-    load = parser.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency",
-        type=number_list(int, 0, MAX_CONCURRENCY),
-        help="in-flight requests per level (1,4)",
-    )
-    load.add_argument(
-        "--request-rate",
-        type=number_list(float, 0, 100_000.0),
-        help="Poisson arrivals per second per level, e.g. 2,8 (open loop)",
-    )
-    parser.add_argument(
-        "--max-concurrency",
-        type=number(int, 1, MAX_CONCURRENCY),
-        help="with --request-rate: cap in flight",
-    )
+    add_load_flags(parser)
     add_workload_flags(parser)
     parser.add_argument(
         "--goodput",
         type=slo_objectives,
+        nargs="+",
+        action=ObjectivesAction,
+        metavar="NAME:MS",
         help="service-level objectives in ms, as vllm bench serve spells them: "
-        "ttft:MS,tpot:MS,e2e:MS (any of them); reports goodput (requests/s meeting every "
+        "ttft:MS tpot:MS e2el:MS (any of them); reports goodput (requests/s meeting every "
         "objective) and the share of requests that met them, per level",
     )
     parser.add_argument(
@@ -93,6 +85,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="(1,4)",
     )
     add_sampled_check_flags(parser)
+    add_result_flags(parser)
     parser.set_defaults(handler=run)
     return parser
 
@@ -133,7 +126,15 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
             sampled_check_settings(args),
         )
     target = Target(args.base_url, args.model, args.api_key, counter, compared, sampled)
-    return run_into(args.out, target, levels, settings, prompts)
+    return run_into(
+        args.out,
+        target,
+        levels,
+        settings,
+        prompts,
+        save_result=getattr(args, "save_result", False),
+        result_filename=getattr(args, "result_filename", None),
+    )
 
 
 def finish(args: argparse.Namespace, result: BenchResult, paths: list[Path]) -> None:
@@ -171,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
     from dflash_ops.bench.core.run_directory import RunDirectory
 
     levels = load_levels(args)
+    if args.result_filename and len(levels) > 1:
+        raise UserError(
+            f"--result-filename {args.result_filename} names one file, for a run of one level: "
+            f"this run has {len(levels)}; leave it out (--save-result names one per level)"
+        )
     outcome = guarded(args, levels)
     if isinstance(outcome, int):
         return outcome

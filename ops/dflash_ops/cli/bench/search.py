@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dflash_ops.bench.core.slo import ObjectivesAction
 from dflash_ops.bench.core.slo import parse as slo_objectives
 from dflash_ops.cli.arguments import number
 from dflash_ops.cli.bench.flags import (
@@ -37,7 +38,13 @@ def register(actions: Any) -> None:
         "--high", type=number(float, 0, 100_000.0, low_open=True), default=256.0, help="(256)"
     )
     search.add_argument(
-        "--goodput", type=slo_objectives, required=True, help="e.g. ttft:2000,tpot:100"
+        "--goodput",
+        type=slo_objectives,
+        nargs="+",
+        action=ObjectivesAction,
+        metavar="NAME:MS",
+        required=True,
+        help="e.g. ttft:2000 tpot:100 (as vllm bench serve spells it)",
     )
     search.add_argument(
         "--slo-attainment",

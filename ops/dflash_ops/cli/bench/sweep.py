@@ -10,7 +10,7 @@ from typing import Any
 
 from dflash_ops.cli.arguments import choice_list, http_url, kubernetes_name, number, number_list
 from dflash_ops.cli.bench.flags import (
-    MAX_CONCURRENCY,
+    add_load_flags,
     add_workload_flags,
     bench_settings,
     check_out,
@@ -63,14 +63,7 @@ def register(actions: Any) -> None:
         default=[0, 2, 4],
         help="num_speculative_tokens values; 0 is speculation off (0,2,4)",
     )
-    load = sweep.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency", type=number_list(int, 0, MAX_CONCURRENCY), help="levels (1,4)"
-    )
-    load.add_argument(
-        "--request-rate", type=number_list(float, 0, 100_000.0), help="Poisson arrivals per s"
-    )
-    sweep.add_argument("--max-concurrency", type=number(int, 1, MAX_CONCURRENCY))
+    add_load_flags(sweep)
     sweep.add_argument("--model", help="served model name (default: the first in /v1/models)")
     sweep.add_argument(
         "--api-key",
