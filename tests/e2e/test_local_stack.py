@@ -153,6 +153,26 @@ def test_shared_prefix_bench_reports_prefix_cache_hits_and_ttft(
     assert "prefix" in (tmp_path / "results.md").read_text().lower()
 
 
+def test_spec_bench_tokens_per_step_by_category_agree_with_the_engines_counters(
+    local_stack: stack.StackState, tmp_path: Path
+) -> None:
+    """The per-category figure is read from the stream (a chunk per engine step); over all
+    categories it must agree with the engine's own /metrics mean acceptance length."""
+    fixture = Path(__file__).parents[1] / "ops" / "bench" / "fixtures" / "spec_bench.jsonl"
+    result = bench(
+        url_of(local_stack, "engine"), tmp_path, "--dataset-name", "spec_bench",
+        "--dataset-path", str(fixture),
+    )  # fmt: skip
+    for level in result["levels"]:
+        figures = level["categories"]
+        assert set(figures) == {"writing", "coding", "translation"}, figures
+        steps = sum(f["steps"] for f in figures.values())
+        stream = sum(f["tokens_per_step"] * f["steps"] for f in figures.values()) / steps
+        engine = level["spec_decode"]["mean_acceptance_length"]
+        assert stream == pytest.approx(engine, rel=0.1), (stream, engine)
+        assert all(1 < f["tokens_per_step"] <= 5 for f in figures.values()), figures
+
+
 def monitor_of(engine_url: str, **settings: Any) -> EngineMonitor:
     """The sidecar's monitor over a test's engine, its probe deadline 10 s: a test times the
     windows itself (`now` 0 and 30), so a slow probe on a loaded machine must not fail it."""
@@ -391,7 +411,7 @@ def test_ctrl_c_during_up_stops_everything_without_a_traceback(
         seen += line
     time.sleep(3)
     process.send_signal(signal.SIGINT)
-    while "stopping what was started" not in seen:
+    while "stopping what this command started" not in seen:
         line = process.stderr.readline()
         assert line, seen
         seen += line

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
 from dflash_ops.errors import UserError
-from dflash_ops.local import keys
+from dflash_ops.local import keys, state_lock
 from dflash_ops.local.keys import CURRENT_KEY, NEXT_KEY, ROUTER_KEY
 from dflash_ops.local.paying_model import PayingPairSpec, build_pair, pair_is_current
 from dflash_ops.local.router import PROCESS_TITLE, keyed_router_argv, router_argv
@@ -268,8 +268,15 @@ def load_state(state_dir: Path) -> StackState | None:
 
 
 def _save_state(state: StackState) -> None:
+    """state.json replaced atomically (a reader sees the old file or the new one, never a part;
+    a crash keeps one of them): written beside it, flushed to disk, renamed over it."""
     path = _state_path(state.config.state_dir)
-    path.write_text(state.model_dump_json(indent=2))
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("w", encoding="utf-8") as file:
+        file.write(state.model_dump_json(indent=2))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
 
 
 def ensure_models(config: StackConfig) -> None:
@@ -529,6 +536,11 @@ def rotate_key(state_dir: Path, new_key: str | None) -> str:
     """Rotate the running stack's API key in two steps, as README "Rotating the API key" does
     with the chart's Secret: with a new key, the doors accept it beside the current one; with
     None (`--finish`), the new key becomes the only one. No process restarts."""
+    with state_lock.holding(state_dir, "rotate the key"):
+        return _rotate_key(state_dir, new_key)
+
+
+def _rotate_key(state_dir: Path, new_key: str | None) -> str:
     state = load_state(state_dir)
     if state is None or not state.config.auth:
         raise UserError(f"no local stack with --api-key runs in {state_dir}")
@@ -556,7 +568,8 @@ def up(
     config.auth, `api_key` is the key the doors require (kept from the last `up` if None).
     A caller that exits once interrupted (the CLI) passes `exits_when_interrupted`: the signals
     then stay ignored after the clean-up, so a second Ctrl-C cannot cut its exit short with a
-    traceback; any other caller gets its handlers back."""
+    traceback; any other caller gets its handlers back. One command at a time changes a state
+    directory (state_lock): a second is refused, naming the first."""
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         probe = config.state_dir / ".write-test"
@@ -567,6 +580,11 @@ def up(
             f"--state-dir {config.state_dir}: cannot keep the stack's state there "
             f"({err.strerror or err}); pass a writable directory"
         ) from None
+    with state_lock.holding(config.state_dir, "start the stack"):
+        return _up(config, api_key, exits_when_interrupted)
+
+
+def _up(config: StackConfig, api_key: str | None, exits_when_interrupted: bool) -> StackState:
     models = config.models_dir
     if (models.is_symlink() and not models.exists()) or (models.exists() and not models.is_dir()):
         target = (
@@ -613,16 +631,20 @@ def up(
     for sig in handled:
         signal.signal(sig, _interrupt)
     interrupted = False
+    started: list[ProcessRecord] = []
     try:
-        return _start(config, state)
+        return _start(config, state, started)
     except KeyboardInterrupt as interrupt:
         interrupted = True
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        say("interrupted: stopping what was started...")
-        down(config.state_dir, quiet=True)
+        say("interrupted: stopping what this command started...")
+        left = _undo_start(config, started)
         say("stopped")
-        raise StackInterrupted(_signal_of(interrupt)) from None
+        raise StackInterrupted(_signal_of(interrupt), left) from None
+    except BaseException:
+        _undo_start(config, started)
+        raise
     finally:
         if not (interrupted and exits_when_interrupted):
             for sig, handler in previous.items():
@@ -634,9 +656,16 @@ class StackInterrupted(UserError):
     status 128 + the signal's number, as a shell reports a command the signal ended (130 for
     Ctrl-C), so a script can tell an interruption from a mistake (2)."""
 
-    def __init__(self, signum: signal.Signals) -> None:
-        super().__init__("interrupted; nothing of the stack is left running")
+    def __init__(self, signum: signal.Signals, left: list[str] | None = None) -> None:
+        if left:
+            super().__init__(
+                f"interrupted; what it started is stopped, what ran before runs on: "
+                f"{', '.join(left)} (`dflash-serve local down` stops it)"
+            )
+        else:
+            super().__init__("interrupted; nothing of the stack is left running")
         self.exit_status = 128 + signum
+        self.left = left or []
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -870,13 +899,23 @@ def _door_component(
     )  # fmt: skip
 
 
-def _start(config: StackConfig, previous: StackState | None) -> StackState:
+def _start(
+    config: StackConfig, previous: StackState | None, started: list[ProcessRecord]
+) -> StackState:
+    """Start what is not running; every process it spawns is appended to `started` (what an
+    interrupted start must stop). state.json lists the parts kept running from the first save
+    on, and each new one from its spawn: whatever happens next, it names every part that runs."""
     kept = {p.name: p for p in (previous.processes if previous else []) if alive(p)}
     for record in previous.processes if previous else []:
         if record.name not in kept:
             stop_process(record)  # leftovers of a dead component (e.g. its engine core)
-    state = StackState(config=config, processes=[])
     components = _components(config)
+    order = {c.name: i for i, c in enumerate(components)}
+    state = StackState(
+        config=config, processes=sorted(kept.values(), key=lambda p: order.get(p.name, 0))
+    )
+    if kept:
+        _save_state(state)
     # What this machine lacks comes first (the engine and what builds the model files, shared
     # memory): a user without the engine learns that before being sent to free a port for it.
     if any(kind_of(c.name) == "engine" and c.name not in kept for c in components):
@@ -903,49 +942,67 @@ def _start(config: StackConfig, previous: StackState | None) -> StackState:
             started,
         )
 
-    try:
-        for component in components:
-            if component.name in kept:
-                state.processes.append(kept[component.name])
-                continue
-            is_engine = kind_of(component.name) == "engine"
-            if not is_engine:
-                while starting_engines:
-                    wait(*starting_engines.pop(0))
-            if is_engine:
-                which = f" {component.name}" if config.routed else ""
-                say(
-                    f"starting the vLLM CPU engine{which} ({config.method}, "
-                    f"k={config.num_speculative_tokens})"
-                )
-            elif component.name == "router":
-                say(f"starting vllm-router ({config.router_policy}) in front of the engines")
-            started = time.monotonic()
-            record = spawn(
-                component.name,
-                component.argv,
-                component.url,
-                config.state_dir / f"{component.name}.log",
-                cwd=component.cwd,
-                env=component.env,
-                title=component.title,
+    for component in components:
+        if component.name in kept:
+            continue
+        is_engine = kind_of(component.name) == "engine"
+        if not is_engine:
+            while starting_engines:
+                wait(*starting_engines.pop(0))
+        if is_engine:
+            which = f" {component.name}" if config.routed else ""
+            say(
+                f"starting the vLLM CPU engine{which} ({config.method}, "
+                f"k={config.num_speculative_tokens})"
             )
-            state.processes.append(record)
-            _save_state(state)
-            if is_engine:
-                starting_engines.append((component, record, started))
-            else:
-                wait(component, record, started)
-        while starting_engines:
-            wait(*starting_engines.pop(0))
+        elif component.name == "router":
+            say(f"starting vllm-router ({config.router_policy}) in front of the engines")
+        began = time.monotonic()
+        record = spawn(
+            component.name,
+            component.argv,
+            component.url,
+            config.state_dir / f"{component.name}.log",
+            cwd=component.cwd,
+            env=component.env,
+            title=component.title,
+        )
+        started.append(record)
+        state.processes = sorted([*state.processes, record], key=lambda p: order[p.name])
         _save_state(state)
-    except BaseException:
-        down(config.state_dir, quiet=True)
-        raise
+        if is_engine:
+            starting_engines.append((component, record, began))
+        else:
+            wait(component, record, began)
+    while starting_engines:
+        wait(*starting_engines.pop(0))
+    _save_state(state)
     return state
 
 
+def _undo_start(config: StackConfig, started: list[ProcessRecord]) -> list[str]:
+    """Stop what an interrupted or failed start spawned, and record what runs on: the parts it
+    found running are kept (it did not start them), in state.json; the names of those left."""
+    for record in reversed(started):
+        stop_process(record)
+    gone = {record.pid for record in started}
+    state = load_state(config.state_dir)
+    left = [p for p in (state.processes if state else []) if p.pid not in gone and alive(p)]
+    if state is not None and left:
+        _save_state(state.model_copy(update={"processes": left}))
+        return [p.name for p in left]
+    _down(config.state_dir, quiet=True)
+    return []
+
+
 def down(state_dir: Path, quiet: bool = False) -> list[str]:
+    """Stop every part of the stack in `state_dir` (under its lock: not while a `local up`
+    starts or restarts it); the names of the parts stopped."""
+    with state_lock.holding(state_dir, "stop the stack"):
+        return _down(state_dir, quiet)
+
+
+def _down(state_dir: Path, quiet: bool = False) -> list[str]:
     state = load_state(state_dir)
     if state is None:
         keys.remove_keys(keys.keys_dir(state_dir))  # of an `up` killed before it saved a state

@@ -20,6 +20,8 @@
                 wins; no /metrics (no running batch)
 
 /echo/T/...     instant; GET /echo/T/bodies lists the chat request bodies it received
+/steps/...      streams max_tokens tokens: the first alone, then N per chunk where the prompt
+                says `[steps=N]` (1 otherwise), as a speculating engine streams one chunk a step
 /markov/V/...   sampled token ids (non-streamed, `return_token_ids`) from a fixed Markov chain over
                 12 tokens at the request's temperature, repeatable by its `seed`. V `exact`
                 samples it exactly; V `sharp` is a broken speculative sampler: from the second
@@ -223,6 +225,25 @@ def scripted() -> web.Application:
     async def echo_bodies(request: web.Request) -> web.Response:
         return web.json_response(bodies.get(request.match_info["token"], []))
 
+    async def steps_chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        text = json.dumps(body.get("messages", []))
+        found = text.split("[steps=", 1)[1].split("]", 1)[0] if "[steps=" in text else "1"
+        per_step, tokens = int(found), int(body.get("max_tokens", 4))
+        sizes = [1] + [per_step] * ((tokens - 1) // per_step)
+        if sum(sizes) < tokens:
+            sizes.append(tokens - sum(sizes))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for size in sizes:
+            chunk = {"choices": [{"delta": {"content": "tok " * size}}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        tail = {"usage": {"completion_tokens": tokens, "prompt_tokens": 3}}
+        await response.write(f"data: {json.dumps(tail)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app.router.add_get("/steps/v1/models", models)
+    app.router.add_post("/steps/v1/chat/completions", steps_chat)
     app.router.add_get("/echo/{token}/v1/models", models)
     app.router.add_post("/echo/{token}/v1/chat/completions", echo_chat)
     app.router.add_get("/echo/{token}/bodies", echo_bodies)

@@ -101,3 +101,53 @@ def test_a_run_over_the_custom_set_honours_each_output_len(
     tokens = {line["prompt_id"]: line["output_tokens"] for line in lines}
     assert tokens == {"sum": 12, "haiku": 20, "custom-2": 7}  # the file's, else --max-tokens
     assert len(lines) == 6
+
+
+def test_spec_bench_keeps_each_prompts_category_shuffled_by_the_seed() -> None:
+    path = FIXTURES / "spec_bench.jsonl"
+    prompts = prompt_files.load("spec_bench", path, seed=3)
+    assert len(prompts) == 6
+    assert {p.category for p in prompts} == {"writing", "coding", "translation"}
+    assert all(p.messages[0]["content"].endswith("]") for p in prompts)  # the first turn only
+    assert [p.id for p in prompt_files.load("spec_bench", path, seed=3)] == [p.id for p in prompts]
+    assert [p.id for p in prompt_files.load("spec_bench", path, seed=4)] != [p.id for p in prompts]
+    coding = prompt_files.load("spec_bench", path, category="coding", output_len=7)
+    assert sorted(p.id for p in coding) == ["coding-101", "coding-102"]
+    assert {p.max_tokens for p in coding} == {7}
+    with pytest.raises(UserError, match=r"--spec-bench-category rag: not in .* it has coding, "):
+        prompt_files.load("spec_bench", path, category="rag")
+
+
+def test_a_malformed_spec_bench_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "question.jsonl"
+    path.write_text('{"question_id": 1, "category": "math", "turns": []}\n')
+    with pytest.raises(UserError, match=r"question.jsonl:1: expected .*SpecBench"):
+        prompt_files.load("spec_bench", path)
+
+
+def test_a_spec_bench_run_reports_tokens_per_step_by_category(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    """Chunks of 1, 2 and 3 tokens per step by category (the scripted /steps server), read back
+    as each category's tokens per step, in results.json and results.md."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.cli", "bench", "--base-url", f"{scripted_server}/steps",
+         "--dataset-name", "spec_bench", "--dataset-path", str(FIXTURES / "spec_bench.jsonl"),
+         "--spec-bench-output-len", "7", "--num-prompts", "12", "--repeats", "2",
+         "--concurrency", "2", "--warmup", "0", "--temperature", "0", "--result-dir", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    level = json.loads((out / "results.json").read_text())["levels"][0]
+    figures = level["categories"]
+    assert {name: f["requests"] for name, f in figures.items()} == {
+        "coding": 4, "translation": 4, "writing": 4
+    }  # fmt: skip
+    assert {name: f["tokens_per_step"] for name, f in figures.items()} == {
+        "coding": 3.0, "translation": 2.0, "writing": 1.0
+    }  # fmt: skip
+    assert "| concurrency 2 | coding | 4 | 3.00 |" in (out / "results.md").read_text()

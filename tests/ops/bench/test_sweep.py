@@ -429,7 +429,9 @@ def test_ctrl_c_while_a_local_settings_engine_starts_keeps_the_sweep_resumable(
     from dflash_ops.cli import main
     from dflash_ops.local import stack
 
-    def interrupted_start(config: stack.StackConfig, previous: object) -> stack.StackState:
+    def interrupted_start(
+        config: stack.StackConfig, previous: object, started: object
+    ) -> stack.StackState:
         raise interrupt  # what SIGINT (or stack's SIGTERM handler) raises while up() waits
 
     monkeypatch.setattr(stack, "_start", interrupted_start)
@@ -442,7 +444,7 @@ def test_ctrl_c_while_a_local_settings_engine_starts_keeps_the_sweep_resumable(
     )  # fmt: skip
     stderr = capsys.readouterr().err
     assert exit_status == status, stderr
-    assert "interrupted: stopping what was started" in stderr
+    assert "interrupted: stopping what this command started" in stderr
     assert "the same command resumes" in stderr and "error:" not in stderr
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["done"] == []
 
@@ -454,3 +456,14 @@ def test_the_pareto_frontier_keeps_the_points_nothing_beats_on_both() -> None:
               (40.0, 200.0), (5.0, 50.0)]  # fmt: skip
     assert pareto_frontier(points) == [(5.0, 50.0), (10.0, 100.0), (15.0, 150.0), (40.0, 200.0)]
     assert pareto_frontier([]) == []
+
+
+def test_two_sweeps_on_one_stack_directory_the_second_is_refused(tmp_path: Path) -> None:
+    """Two sweeps from one folder shared `.sweep-stack` and stopped each other's engines."""
+    from dflash_ops.bench.sweep.deployers import LocalDeployer
+
+    first = LocalDeployer(tmp_path / ".sweep-stack", 1, 2)
+    with pytest.raises(UserError, match=r"cannot run a sweep: `dflash-serve[^`]*` \(pid \d+\)"):
+        LocalDeployer(tmp_path / ".sweep-stack", 1, 2)
+    first.finish()
+    LocalDeployer(tmp_path / ".sweep-stack", 1, 2).finish()  # released with the first

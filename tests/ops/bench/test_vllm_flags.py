@@ -69,6 +69,7 @@ for argv in rows:
         "percentile_metrics": (a.percentile_metrics or "ttft,tpot,itl").split(","),
         "metric_percentiles": [float(p) for p in a.metric_percentiles.split(",")],
         "result_file": [a.save_result, a.result_filename],
+        "spec_bench": [a.spec_bench_category, a.spec_bench_output_len],
     })
 print(json.dumps(out))
 """
@@ -118,6 +119,11 @@ ROWS: list[tuple[list[str], tuple[str, ...]]] = [
     ),
     ([], ("percentile_metrics", "metric_percentiles", "result_file")),
     (["--save-result", "--result-filename", "one.json"], ("result_file",)),
+    (
+        ["--dataset-name", "spec_bench", "--dataset-path", "question.jsonl",
+         "--spec-bench-category", "coding", "--spec-bench-output-len", "64"],
+        ("dataset", "dataset_path", "spec_bench"),
+    ),
 ]  # fmt: skip
 
 
@@ -176,6 +182,7 @@ def our_meaning(argv: list[str]) -> dict[str, Any]:
         "percentile_metrics": settings.percentile_metrics,
         "metric_percentiles": settings.metric_percentiles,
         "result_file": [args.save_result, args.result_filename],
+        "spec_bench": [settings.dataset_category, settings.output_len],
     }
 
 

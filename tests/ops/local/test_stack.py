@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -303,9 +304,10 @@ def test_a_signal_during_up_stops_what_was_started(tmp_path: Path, sig: int) -> 
     script.write_text(
         "import sys, time\n"
         "from dflash_ops.local import stack, supervisor\n"
-        "def slow_start(config, state):\n"
+        "def slow_start(config, state, started):\n"
         "    record = supervisor.spawn('engine', ['sleep', '300'], 'http://127.0.0.1:1',\n"
         "                              config.state_dir / 'engine.log')\n"
+        "    started.append(record)\n"
         "    stack._save_state(stack.StackState(config=config, processes=[record]))\n"
         "    print(record.pid, flush=True)\n"
         "    time.sleep(300)\n"
@@ -322,7 +324,7 @@ def test_a_signal_during_up_stops_what_was_started(tmp_path: Path, sig: int) -> 
     process.send_signal(sig)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 128 + sig, err
-    assert "stopping what was started" in err and "Traceback" not in err, err
+    assert "stopping what this command started" in err and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == (
         "dflash-serve local: error: interrupted; nothing of the stack is left running"
     ), err
@@ -343,7 +345,9 @@ def test_an_interrupted_up_gives_back_every_signal_handler(
     session's worker) loses its Ctrl-C, and so does every process it starts afterwards: an
     ignored signal stays ignored across exec (the Ctrl-C test above then hung in CI)."""
 
-    def interrupted_start(config: stack.StackConfig, previous: object) -> stack.StackState:
+    def interrupted_start(
+        config: stack.StackConfig, previous: object, started: object
+    ) -> stack.StackState:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(stack, "_start", interrupted_start)
@@ -361,7 +365,9 @@ def test_a_caller_that_exits_keeps_the_signals_ignored_after_an_interruption(
     """The CLI exits after an interruption: a second Ctrl-C landing after the clean-up, while
     the interpreter shuts down, must not end it by a traceback in an atexit handler."""
 
-    def interrupted_start(config: stack.StackConfig, previous: object) -> stack.StackState:
+    def interrupted_start(
+        config: stack.StackConfig, previous: object, started: object
+    ) -> stack.StackState:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(stack, "_start", interrupted_start)
@@ -577,7 +583,7 @@ def test_replica_engines_start_together_and_the_rest_once_they_are_ready(
     fail_at = None
     began = time.monotonic()
     cfg = config(tmp_path, replicas=3)
-    state = stack._start(cfg, None)
+    state = stack._start(cfg, None, [])
     try:
         assert events[:6] == [
             "spawn engine-0", "spawn engine-1", "spawn engine-2",
@@ -596,7 +602,7 @@ def test_replica_engines_start_together_and_the_rest_once_they_are_ready(
     spawned.clear()
     fail_at = "engine-1"
     with pytest.raises(UserError, match="engine-1 not ready"):
-        stack._start(cfg, None)
+        stack.up(cfg)
     assert events == [
         "spawn engine-0", "spawn engine-1", "spawn engine-2",
         "ready engine-0", "ready engine-1",
@@ -616,3 +622,120 @@ def test_a_models_path_that_is_no_directory_is_one_line(tmp_path: Path, kind: st
     with pytest.raises(UserError, match=r"models is not a directory.*remove it"):
         stack.up(config(tmp_path, engine_port=free_port(), sidecar_port=free_port()))
     assert not (tmp_path / "state.json").exists()
+
+
+def fake_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every part a `sleep`, ready at once: the stack's bookkeeping without engines."""
+
+    def fake_spawn(
+        name: str, argv: list[str], url: str, log: Path, **_: object
+    ) -> supervisor.ProcessRecord:
+        return supervisor.spawn(name, ["sleep", "300"], url, log)
+
+    for name in ("_check_engine_installed", "_check_shared_memory", "ensure_models"):
+        monkeypatch.setattr(stack, name, lambda *a, **k: None)
+    monkeypatch.setattr(stack, "check_port_free", lambda *a, **k: None)
+    monkeypatch.setattr(stack, "spawn", fake_spawn)
+    monkeypatch.setattr(stack, "wait_ready", lambda *a, **k: None)
+
+
+def test_a_restart_interrupted_keeps_and_records_the_parts_it_found_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine died; `local up` restarts it. In that window state.json lists the new engine
+    and the sidecar it kept, `local down` from another command is refused (not a half-empty
+    state deleted, the sidecar left listening), and a Ctrl-C stops only the engine it started:
+    the sidecar runs on, recorded, and the message says so (it once stopped the whole stack,
+    or said nothing was left while the sidecar ran)."""
+    fake_parts(monkeypatch)
+    cfg = config(tmp_path)
+    first = stack.up(cfg)
+    sidecar = next(p for p in first.processes if p.name == "sidecar")
+    supervisor.stop_process(next(p for p in first.processes if p.name == "engine"))
+    seen: dict[str, object] = {}
+
+    def interrupted_wait(record: supervisor.ProcessRecord, *_: object) -> None:
+        recorded = stack.load_state(tmp_path)
+        seen["recorded"] = [p.name for p in recorded.processes] if recorded else []
+        with pytest.raises(UserError, match=r"cannot stop the stack: `dflash-serve[^`]*` \(pid"):
+            stack.down(tmp_path)
+        seen["engine"] = record
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stack, "wait_ready", interrupted_wait)
+    try:
+        with pytest.raises(stack.StackInterrupted) as stopped:
+            stack.up(cfg)
+        assert seen["recorded"] == ["engine", "sidecar"]
+        assert "runs on: sidecar" in str(stopped.value) and stopped.value.left == ["sidecar"]
+        assert supervisor.alive(sidecar)
+        engine = seen["engine"]
+        assert isinstance(engine, supervisor.ProcessRecord) and not supervisor.alive(engine)
+        left = stack.load_state(tmp_path)
+        assert left is not None and [p.pid for p in left.processes] == [sidecar.pid]
+    finally:
+        monkeypatch.setattr(stack, "wait_ready", lambda *a, **k: None)
+        stack.down(tmp_path, quiet=True)
+    assert not supervisor.alive(sidecar) and stack.load_state(tmp_path) is None
+
+
+def test_a_second_command_on_a_state_directory_is_refused_naming_the_first(
+    tmp_path: Path,
+) -> None:
+    """The lock is the kernel's: held by a command, refused to the next; gone with its holder,
+    even by kill -9."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; "
+         "from dflash_ops.local import state_lock; "
+         "ctx = state_lock.holding(Path(sys.argv[1]), 'start the stack'); ctx.__enter__(); "
+         "print('held', flush=True); time.sleep(300)",
+         str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        done = subprocess.run(
+            [sys.executable, "-m", "dflash_ops.cli", "local", "down", "--state-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert f"(pid {holder.pid}) is working on {tmp_path}" in done.stderr
+        assert "Traceback" not in done.stderr
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert stack.down(tmp_path, quiet=True) == []  # kill -9 left no lock behind
+
+
+def test_state_json_is_never_seen_half_written(tmp_path: Path) -> None:
+    """Readers while it is rewritten (as `local status` beside a starting stack) see the old
+    file or the new one: it was written in place, and read empty."""
+    import threading
+
+    cfg = config(tmp_path)
+    records = [
+        supervisor.ProcessRecord(name=f"part-{i}", pid=10**6 + i, argv=["x" * (i * 50)],
+                                 url="http://127.0.0.1:1", log=str(tmp_path / "log"))
+        for i in range(40)
+    ]  # fmt: skip
+    errors: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                stack.load_state(tmp_path)
+            except UserError as err:
+                errors.append(str(err))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for n in range(400):
+            stack._save_state(stack.StackState(config=cfg, processes=records[: n % 40]))
+    finally:
+        done.set()
+        reader.join()
+    assert errors == []
+    assert not list(tmp_path.glob(".state.json.partial"))

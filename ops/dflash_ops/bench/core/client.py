@@ -56,6 +56,7 @@ class RequestRecord:
     error_kind: ErrorKind | None = None
     token_count_source: Literal["usage", "tokenizer"] = "usage"
     prompt_id: str = ""
+    category: str | None = None  # the prompt's category (spec_bench), if it has one
     seed: int | None = None  # the sampling seed the request was sent, if any
     # sha256 of the streamed text (its first 16 hex digits): two runs' outputs compared
     # without keeping them (a seeded sampled run repeats where the engine honours seeds).

@@ -9,7 +9,8 @@ the user's own files.
 - `shared-prefix`: `prefix_groups` long system prompts of `input_len` tokens each, requests
   spread over them in turn, each followed by a short distinct question: what prefix caching
   (and, with several replicas, prefix-aware routing) should turn into cache hits.
-- `custom`, `sharegpt`: a file the user points at (`dflash_ops.bench.core.prompt_files`).
+- `custom`, `sharegpt`, `spec_bench`: a file the user points at
+  (`dflash_ops.bench.core.prompt_files`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, Protocol
 
-PromptSetName = Literal["fixed", "random", "shared-prefix", "custom", "sharegpt"]
-PROMPT_SETS: tuple[PromptSetName, ...] = ("fixed", "random", "shared-prefix", "custom", "sharegpt")
-FILE_SETS: tuple[PromptSetName, ...] = ("custom", "sharegpt")
+PromptSetName = Literal["fixed", "random", "shared-prefix", "custom", "sharegpt", "spec_bench"]
+PROMPT_SETS: tuple[PromptSetName, ...] = (
+    "fixed", "random", "shared-prefix", "custom", "sharegpt", "spec_bench"
+)  # fmt: skip
+FILE_SETS: tuple[PromptSetName, ...] = ("custom", "sharegpt", "spec_bench")
 TOKEN_SETS: tuple[PromptSetName, ...] = ("random", "shared-prefix")  # sized in tokens
 
 
@@ -59,6 +62,7 @@ class Prompt:
     id: str
     messages: list[dict[str, str]]
     max_tokens: int | None = None  # the set's own output length; None: the run's --max-tokens
+    category: str | None = None  # the set's category of the prompt (spec_bench), if any
 
 
 def fixed_prompts() -> list[tuple[str, str]]:

@@ -96,6 +96,7 @@ def markdown(result: BenchResult) -> str:
                 f"| {level.label} | {_fmt(good.mean if good else None)} | "
                 f"{'n/a' if share is None else f'{share:.1%}'} |"
             )
+    lines += _categories(result)
     if s.metrics_urls:
         lines += [
             "",
@@ -120,6 +121,29 @@ def markdown(result: BenchResult) -> str:
             )
     lines += ["", *(f"Note: {n}" for n in result.notes)] if result.notes else []
     return "\n".join(lines) + "\n"
+
+
+def _categories(result: BenchResult) -> list[str]:
+    """Per prompt category (spec_bench): tokens per streamed step, the acceptance length as the
+    stream shows it (the /metrics counters are one total for all categories)."""
+    levels = [level for level in result.levels if level.categories]
+    if not levels:
+        return []
+    lines = [
+        "",
+        "Per category, from the stream: output tokens per engine step after the first token "
+        "(1 + accepted draft tokens; 1.00 without speculation) and mean TPOT.",
+        "",
+        "| level | category | requests | tokens per step | TPOT mean (ms) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for level in levels:
+        for name, figures in (level.categories or {}).items():
+            lines.append(
+                f"| {level.label} | {name} | {figures.requests} | "
+                f"{_fmt(figures.tokens_per_step)} | {_fmt(figures.tpot_ms_mean)} |"
+            )
+    return lines
 
 
 def curve_groups(result: BenchResult, tolerance: float = 0.02) -> list[tuple[str, list[float]]]:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dflash_ops.bench.core.categories import CategoryFigures
 from dflash_ops.bench.core.prompts import PromptSetName, RandomShape
 from dflash_ops.bench.core.sampling import Sampling
 
@@ -190,6 +191,10 @@ class LevelResult(BaseModel):
     partial: str | None = Field(
         default=None, description="why the level stopped before its last run, if it did"
     )
+    categories: dict[str, CategoryFigures] | None = Field(
+        default=None,
+        description="per prompt category (spec_bench): requests, and tokens per streamed step",
+    )
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -293,7 +298,12 @@ class BenchSettings(BaseModel):
         "bench serve); words in results written before",
     )
     output_len: int | None = Field(
-        default=None, description="random: output tokens per request (--random-output-len)"
+        default=None,
+        description="output tokens per request: random (--random-output-len), spec_bench "
+        "(--spec-bench-output-len)",
+    )
+    dataset_category: str | None = Field(
+        default=None, description="spec_bench: the one category run (--spec-bench-category)"
     )
     input_range_ratio: float = 0.0
     output_range_ratio: float = 0.0
@@ -352,6 +362,8 @@ class BenchSettings(BaseModel):
         """What the figures depend on besides the server: the requests and their sampling, by
         name, as a reader compares them."""
         dataset = self.prompt_set + (f" ({self.dataset_path})" if self.dataset_path else "")
+        if self.dataset_category:
+            dataset += f", category {self.dataset_category}"
         length = f"{self.input_len} {self.input_unit}"
         if self.input_range_ratio:
             length += f" +-{self.input_range_ratio:g}"

@@ -32,6 +32,7 @@ from dflash_sidecar.metrics_parser import SeriesKey
 from dflash_sidecar.vllm_metrics import REQUESTS_RUNNING
 
 from dflash_ops.bench.core import slo, token_counter
+from dflash_ops.bench.core.categories import by_category
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
 from dflash_ops.bench.core.lossless import (
     Reference,
@@ -237,7 +238,7 @@ async def run_pass(
             prompt.max_tokens or settings.max_tokens,
             request_seed(seed, index),
         )
-        record.prompt_id = prompt.id
+        record.prompt_id, record.category = prompt.id, prompt.category
         records.append(record)
         if on_record is not None:
             on_record(record)
@@ -401,6 +402,7 @@ class LevelProgress:
             ),
             partial=self.partial,
             notes=notes,
+            categories=by_category(ok),
         )
 
 

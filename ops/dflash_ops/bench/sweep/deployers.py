@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -104,14 +105,22 @@ class LocalDeployer:
         engine_timeout_s: float = 600.0,
         models: LocalModels = "tiny",
     ) -> None:
-        from dflash_ops.local import stack
+        from dflash_ops.local import stack, state_lock
 
         self.state_dir = state_dir
         self.engine_port, self.sidecar_port = engine_port, sidecar_port
         self.enforce_eager, self.engine_timeout_s = enforce_eager, engine_timeout_s
         self.models = models
+        # The sweep owns its stack directory for its whole run: a second sweep from the same
+        # folder would stop this one's engines (its settings' `up` and `down` each take the
+        # stack's own lock only while they work). Released by finish(), or when this exits.
+        self._owner = contextlib.ExitStack()
+        self._owner.enter_context(
+            state_lock.holding(state_dir, "run a sweep", state_lock.OWNER_LOCK)
+        )
         running = stack.load_state(state_dir)
         if running is not None and not (state_dir / SWEEP_MARKER).is_file():
+            self._owner.close()
             raise UserError(
                 f"a local stack this sweep did not start runs in {state_dir} "
                 f"(see dflash-serve local status --state-dir {state_dir}); give the sweep its own "
@@ -152,7 +161,10 @@ class LocalDeployer:
     def finish(self) -> None:
         from dflash_ops.local import stack
 
-        stack.down(self.state_dir, quiet=True)
+        try:
+            stack.down(self.state_dir, quiet=True)
+        finally:
+            self._owner.close()
 
 
 class HelmDeployer:

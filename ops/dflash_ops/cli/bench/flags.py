@@ -25,6 +25,7 @@ from dflash_ops.cli.arguments import (
 from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
+    from dflash_ops.bench.core.prompts import Prompt
     from dflash_ops.bench.core.results import BenchSettings, SampledCheckSettings
     from dflash_ops.bench.core.runner import Level
     from dflash_ops.bench.core.sampling import Sampling
@@ -108,14 +109,25 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         dest="dataset_name",
         choices=list(PROMPT_SETS),
         default="fixed",
-        help="fixed: the 10 prompts of the reference measurement (default); random: random "
-        "lengths around --random-input-len words; shared-prefix: --prefix-groups system prompts "
-        "of --random-input-len words shared by the requests; custom: a JSONL file of "
+        help="fixed: the 10 prompts of the reference measurement (default); random: vllm "
+        "bench serve's, --random-input-len tokens; shared-prefix: --prefix-groups system "
+        "prompts of --random-input-len tokens shared by the requests; custom: a JSONL file of "
         '{"prompt"} or {"messages"} (optional "output_len"); sharegpt: a ShareGPT JSON file '
-        "(first human turn of each conversation). Files are never downloaded: --dataset-path",
+        "(first human turn of each conversation); spec_bench: vLLM's SpecBench format "
+        "(Spec-Bench's question.jsonl; figures per category). Files are never downloaded: "
+        "--dataset-path",
     )
     parser.add_argument(
-        "--dataset-path", type=Path, help="the file of the custom or sharegpt dataset"
+        "--dataset-path", type=Path, help="the file of the custom, sharegpt or spec_bench set"
+    )
+    parser.add_argument(
+        "--spec-bench-category",
+        help="spec_bench: only this category (default: all, each reported on its own)",
+    )
+    parser.add_argument(
+        "--spec-bench-output-len",
+        type=number(int, 1, MAX_TOKENS),
+        help="spec_bench: output tokens per request (default: --max-tokens; vLLM: 256)",
     )
     parser.add_argument(
         "--prefix-groups",
@@ -168,8 +180,9 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tokenizer",
-        help="count output tokens with this tokenizer (a model directory or hub id) when the "
-        "server sends no usage chunk; results say which count was used",
+        help="the served model's tokenizer (a directory or hub id): sizes the random and "
+        "shared-prefix prompts (default: the directory the server loaded, if on this machine) "
+        "and, in bench, counts output tokens when the server sends no usage chunk",
     )
     parser.add_argument(
         "--result-dir",
@@ -369,6 +382,23 @@ def sampling_of(args: argparse.Namespace) -> Sampling:
     )
 
 
+def prompts_from_file(args: argparse.Namespace) -> list[Prompt] | None:
+    """The --dataset-path file's prompts (custom, sharegpt, spec_bench), or None."""
+    from dflash_ops.bench.core import prompt_files
+
+    if args.dataset_path is None:
+        return None
+    prompts = prompt_files.load(
+        args.dataset_name,
+        args.dataset_path,
+        category=args.spec_bench_category,
+        seed=args.seed,
+        output_len=args.spec_bench_output_len,
+    )
+    print(f"dataset: {len(prompts)} prompts from {args.dataset_path}", file=sys.stderr)
+    return prompts
+
+
 def check_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -398,6 +428,12 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         raise UserError(
             f"--dataset-path is read by --dataset-name custom or sharegpt, not {args.dataset_name}"
         )
+    for flag, value in (
+        ("--spec-bench-category", args.spec_bench_category),
+        ("--spec-bench-output-len", args.spec_bench_output_len),
+    ):
+        if value is not None and args.dataset_name != "spec_bench":
+            raise UserError(f"{flag} shapes --dataset-name spec_bench only")
     if args.prefix_groups > 1 and args.dataset_name != "shared-prefix":
         raise UserError("--prefix-groups shapes --dataset-name shared-prefix only")
     random_only = {
@@ -429,7 +465,8 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         repeats=args.repeats,
         warmup=args.warmup,
         seed=args.seed,
-        output_len=args.random_output_len,
+        output_len=args.random_output_len or args.spec_bench_output_len,
+        dataset_category=args.spec_bench_category,
         input_range_ratio=input_ratio,
         output_range_ratio=output_ratio,
         prefix_len=args.random_prefix_len or 0,

@@ -21,6 +21,7 @@ from dflash_ops.cli.bench.flags import (
     check_out,
     load_levels,
     needs_bench_extra,
+    prompts_from_file,
     sampled_check_settings,
 )
 from dflash_ops.errors import UserError
@@ -92,7 +93,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchResult:
     """Run the benchmark into --out (see run_directory.run_into)."""
-    from dflash_ops.bench.core import prompt_files, token_counter
+    from dflash_ops.bench.core import token_counter
     from dflash_ops.bench.core.client import check_base_url
     from dflash_ops.bench.core.lossless import Reference
     from dflash_ops.bench.core.run_directory import run_into
@@ -103,10 +104,7 @@ def execute(args: argparse.Namespace, levels: list[Level] | LevelPlan) -> BenchR
     if reference:
         check_base_url(reference)
     settings = bench_settings(args)
-    prompts = None
-    if args.dataset_path is not None:
-        prompts = prompt_files.load(args.dataset_name, args.dataset_path)
-        print(f"dataset: {len(prompts)} prompts from {args.dataset_path}", file=sys.stderr)
+    prompts = prompts_from_file(args)
     counter = token_counter.load(args.tokenizer) if args.tokenizer else None
     check_out(args.out)
     compared = sampled = None

@@ -16,6 +16,7 @@ from dflash_ops.cli.bench.flags import (
     check_out,
     load_levels,
     needs_bench_extra,
+    prompts_from_file,
 )
 from dflash_ops.errors import UserError
 from dflash_ops.vocabulary import LOCAL_MODELS, MAX_K, SPECULATIVE_METHODS
@@ -155,7 +156,6 @@ def settings_of(args: argparse.Namespace) -> list[Any]:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from dflash_ops.bench.core import prompt_files
     from dflash_ops.bench.core.run_directory import BenchInterrupted
     from dflash_ops.bench.sweep.analysis import table
     from dflash_ops.bench.sweep.run import SweepPlan, run_sweep
@@ -163,10 +163,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     needs_bench_extra()
     settings = settings_of(args)
     levels = load_levels(args)
-    if args.tokenizer:
-        raise UserError("bench sweep counts tokens from the engine's usage: drop --tokenizer")
     run_settings = bench_settings(args)
-    prompts = prompt_files.load(args.dataset_name, args.dataset_path) if args.dataset_path else None
+    prompts = prompts_from_file(args)
     check_out(args.out)
     plan = SweepPlan(
         settings=settings,
