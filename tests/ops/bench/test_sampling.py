@@ -183,3 +183,15 @@ def test_a_sweep_resumes_only_under_the_sampling_it_started_with(tmp_path: Path)
     )
     with pytest.raises(UserError, match="belongs to a sweep with other settings"):
         load_state(tmp_path, greedy, fresh=False)
+
+
+def test_a_random_flag_alone_means_vllms_random_set(
+    scripted_server: str, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """`bench --random-output-len 32`, as a vllm bench serve user types it: its default set is
+    random, so the flag is not refused for shaping another set; every request asks for 32."""
+    bodies, result, _ = bench(
+        scripted_server, tmp_path, "--random-output-len", "32", "--tokenizer", str(tokenizer_dir)
+    )
+    assert result.settings.prompt_set == "random" and result.settings.output_len == 32
+    assert {b["max_tokens"] for b in bodies} == {32} and all(b["ignore_eos"] for b in bodies)

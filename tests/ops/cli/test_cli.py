@@ -38,7 +38,7 @@ def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> N
         (["bench", "--concurrency", "1", "--request-rate", "2"], "not allowed with argument"),
         (["bench", "--request-rate", "inf"], "--request-rate inf sends every request at once"),
         (["bench", "--num-prompts", "2"], "a run would get no request; give at least 3"),
-        (["bench", "--random-prefix-len", "3"], "shapes --dataset-name random only, not fixed"),
+        (["bench", "--prompts", "fixed", "--random-prefix-len", "3"], "random only, not fixed"),
         (["bench", "--out", "/proc/no-such-dir"], "--out /proc/no-such-dir: cannot write"),
         (["bench", "compare", "/no/such/dir", "/no/such/dir"], "/no/such/dir not found"),
         (["bench", "--no-such-flag"], "unknown option --no-such-flag"),

@@ -108,8 +108,8 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "--prompts",
         dest="dataset_name",
         choices=list(PROMPT_SETS),
-        default="fixed",
-        help="fixed: the 10 prompts of the reference measurement (default); random: vllm "
+        help="fixed: the 10 prompts of the reference measurement (default, unless a --random-* "
+        "flag is given: then random, vllm bench serve's default); random: vllm "
         "bench serve's, --random-input-len tokens; shared-prefix: --prefix-groups system "
         "prompts of --random-input-len tokens shared by the requests; custom: a JSONL file of "
         '{"prompt"} or {"messages"} (optional "output_len"); sharegpt: a ShareGPT JSON file '
@@ -252,7 +252,6 @@ def add_random_flags(parser: argparse.ArgumentParser) -> None:
         "--input-len",
         dest="input_len",
         type=number(int, 1, MAX_TOKENS),
-        default=256,
         help="random: input tokens per request; shared-prefix: tokens per shared system "
         "prompt (256; vllm bench serve: 1024)",
     )
@@ -419,14 +418,28 @@ def needs_bench_extra() -> None:
         )
 
 
+DEFAULT_INPUT_LEN = 256  # tokens (vllm bench serve: 1024; this CPU engine is slow)
+RANDOM_FLAGS = ("input_len", "random_output_len", "random_range_ratio", "random_prefix_len")
+
+
+def resolve_dataset(args: argparse.Namespace) -> None:
+    """--dataset-name as given; left out, `fixed`, or `random` when a --random-* flag shapes it
+    (vllm bench serve's default set is random: `bench --random-output-len 32` means it)."""
+    if args.dataset_name is None:
+        shaped = any(getattr(args, flag, None) is not None for flag in RANDOM_FLAGS)
+        args.dataset_name = "random" if shaped and args.dataset_path is None else "fixed"
+
+
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
     from dflash_ops.bench.core.results import BenchSettings
 
+    resolve_dataset(args)
     if args.dataset_name in FILE_SETS and args.dataset_path is None:
         raise UserError(f"--dataset-name {args.dataset_name} reads --dataset-path FILE: give it")
     if args.dataset_path is not None and args.dataset_name not in FILE_SETS:
         raise UserError(
-            f"--dataset-path is read by --dataset-name custom or sharegpt, not {args.dataset_name}"
+            "--dataset-path is read by --dataset-name custom, sharegpt or spec_bench, not "
+            f"{args.dataset_name}"
         )
     for flag, value in (
         ("--spec-bench-category", args.spec_bench_category),
@@ -456,7 +469,7 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     input_ratio, output_ratio = args.random_range_ratio or (0.0, 0.0)
     return BenchSettings(
         prompt_set=args.dataset_name,
-        input_len=args.input_len,
+        input_len=args.input_len or DEFAULT_INPUT_LEN,
         input_unit="tokens",
         max_tokens=args.max_tokens,
         num_requests=None if args.duration or total else (args.num_requests or 32),
