@@ -37,6 +37,7 @@ from dflash_ops.local.supervisor import (
     check_port_free,
     group_members,
     http_ok,
+    remember_members,
     say,
     spawn,
     stop_process,
@@ -933,14 +934,19 @@ def _start(
     # sidecars, router, Prometheus) starts one by one once the engines are ready.
     starting_engines: list[tuple[Component, ProcessRecord, float]] = []
 
-    def wait(component: Component, record: ProcessRecord, started: float) -> None:
+    def wait(component: Component, record: ProcessRecord, began: float) -> None:
         wait_ready(
             record,
             partial(_ready, record, config.served_model),
             component.timeout_s,
             f"{component.name} starting",
-            started,
+            began,
         )
+        # Ready: its processes are all there, the EngineCore renamed; remember them all.
+        known = remember_members(record)
+        state.processes = [known if p.pid == record.pid else p for p in state.processes]
+        started[:] = [known if p.pid == record.pid else p for p in started]
+        _save_state(state)
 
     for component in components:
         if component.name in kept:
@@ -1046,7 +1052,9 @@ def status(state_dir: Path) -> list[dict[str, object]]:
                 "name": record.name,
                 "pid": record.pid,
                 "running": running,
-                "leftover_processes": [p for p in members if p != record.pid],
+                # Only a part whose own process is gone leaves leftovers: the helpers of a
+                # running part (vLLM's EngineCore, its resource tracker) are that part.
+                "leftover_processes": [] if running else [p for p in members if p != record.pid],
                 "healthy": running and http_ok(record.url + probe),
                 "url": record.url,
                 "log": record.log,

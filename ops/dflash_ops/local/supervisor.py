@@ -53,6 +53,10 @@ class ProcessRecord(BaseModel):
     start_time: int | None = None  # the leader's start, clock ticks after boot (/proc stat)
     # The title a program gives itself in place of its command line (setproctitle), if it does.
     title: str | None = None
+    # (pid, start time) of every process of its group when it became ready: vLLM's EngineCore
+    # calls setproctitle, which overwrites the environment /proc shows, marker included; a
+    # process remembered here is the component's whatever it has done to its environment.
+    members: list[tuple[int, int]] = []
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -101,21 +105,39 @@ def group_members(record: ProcessRecord) -> list[int]:
     whose leader is still the recorded process)."""
     if not record.marker and not alive(record):
         return []
+    remembered = {tuple(m) for m in record.members}
     members = []
+    for pid, fields in _group(record.pid):
+        # setproctitle (vllm-router) overwrites the environment /proc shows with the title:
+        # such a leader is known by its title and start time instead of its marker.
+        renamed_leader = record.title and pid == record.pid and alive(record)
+        known = (pid, int(fields[19])) in remembered if len(fields) > 19 else False
+        if known or renamed_leader or not record.marker or _has_marker(pid, record.marker):
+            members.append(pid)
+    return members
+
+
+def _group(pgid: int) -> list[tuple[int, list[str]]]:
+    """Live (not zombie) processes whose process group is `pgid`, with their stat fields."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(entry.name)
         # state ppid pgrp ...
-        if fields is None or len(fields) < 3 or fields[2] != str(record.pid) or fields[0] == "Z":
+        if fields is None or len(fields) < 3 or fields[2] != str(pgid) or fields[0] == "Z":
             continue
-        # setproctitle (vllm-router) overwrites the environment /proc shows with the title:
-        # such a leader is known by its title and start time instead of its marker.
-        renamed_leader = record.title and entry.name == str(record.pid) and alive(record)
-        if record.marker and not _has_marker(entry.name, record.marker) and not renamed_leader:
-            continue
-        members.append(int(entry.name))
-    return members
+        found.append((int(entry.name), fields))
+    return found
+
+
+def remember_members(record: ProcessRecord) -> ProcessRecord:
+    """The record with every process of its group now remembered (call it once the component
+    is ready, its leader alive: while the leader lives no stranger can hold its group id)."""
+    if not alive(record):
+        return record
+    members = [(pid, int(f[19])) for pid, f in _group(record.pid) if len(f) > 19]
+    return record.model_copy(update={"members": members})
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:

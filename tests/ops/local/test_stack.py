@@ -739,3 +739,30 @@ def test_state_json_is_never_seen_half_written(tmp_path: Path) -> None:
         reader.join()
     assert errors == []
     assert not list(tmp_path.glob(".state.json.partial"))
+
+
+def test_a_helper_that_erased_its_environment_is_remembered_and_stopped(tmp_path: Path) -> None:
+    """vLLM's EngineCore calls setproctitle, which overwrites the environment /proc shows: the
+    marker is gone. With its API server killed it ran on unseen (1.9 GB): status said stopped,
+    down left it. Remembered once the part is ready, it is found and stopped."""
+    cfg = config(tmp_path)
+    argv = [sys.executable, "-c", "import subprocess, time; "
+            "subprocess.Popen(['sleep', '300'], env={}); time.sleep(300)"]  # fmt: skip
+    record = supervisor.spawn("engine", argv, "http://127.0.0.1:1", tmp_path / "engine.log")
+    deadline = time.monotonic() + 10
+    while len(supervisor._group(record.pid)) < 2:
+        assert time.monotonic() < deadline, "the helper did not start"
+        time.sleep(0.05)
+    helper = next(pid for pid, _ in supervisor._group(record.pid) if pid != record.pid)
+    assert supervisor.group_members(record) == [record.pid]  # unseen by its marker alone
+    known = supervisor.remember_members(record)
+    assert sorted(supervisor.group_members(known)) == sorted([record.pid, helper])
+    stack._save_state(stack.StackState(config=cfg, processes=[known]))
+    assert stack.status(tmp_path)[0]["leftover_processes"] == []  # a running part's own helper
+    os.kill(record.pid, signal.SIGKILL)
+    while supervisor.alive(record):
+        time.sleep(0.05)
+    row = stack.status(tmp_path)[0]
+    assert row["running"] is False and row["leftover_processes"] == [helper]
+    assert stack.down(tmp_path, quiet=True) == ["engine"]
+    assert not Path(f"/proc/{helper}").exists() or supervisor._stat_fields(helper)[0] == "Z"
