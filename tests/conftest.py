@@ -172,3 +172,17 @@ def _strangers_stay(strangers_on_default_ports: list[ThreadingHTTPServer]) -> No
     beside another suite once found 8000 free in the middle of the session."""
     if not IN_VLLM033_ENV:
         _claim_free_default_ports(strangers_on_default_ports)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The list of the user's local stacks (dflash_ops.local.known_stacks) lives under
+    XDG_STATE_HOME: the session keeps its own (the processes it starts inherit it), so no test
+    writes into the home of the machine it runs on or reads a stack running there."""
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = previous

@@ -197,7 +197,7 @@ def _say_visible(given: str, instead: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_ops.local import stack
+    from dflash_ops.local import known_stacks, stack
 
     if args.local_action == "rotate-key":
         from dflash_ops.local import keys
@@ -272,7 +272,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     elif not rows:
-        print("the local stack is not running")
+        print(f"the local stack is not running in {args.state_dir.resolve()}")
+        for other in known_stacks.running_elsewhere(args.state_dir):
+            print(f"a stack runs in {other}: dflash-serve local status --state-dir {other}")
     else:
         for row in rows:
             health = (

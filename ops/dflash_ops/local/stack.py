@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
 from dflash_ops.errors import UserError
-from dflash_ops.local import keys, state_lock
+from dflash_ops.local import keys, known_stacks, state_lock
 from dflash_ops.local.keys import CURRENT_KEY, NEXT_KEY, ROUTER_KEY
 from dflash_ops.local.paying_model import PayingPairSpec, build_pair, pair_is_current
 from dflash_ops.local.router import PROCESS_TITLE, keyed_router_argv, router_argv
@@ -582,6 +582,7 @@ def up(
             f"({err.strerror or err}); pass a writable directory"
         ) from None
     with state_lock.holding(config.state_dir, "start the stack"):
+        known_stacks.add(config.state_dir)
         return _up(config, api_key, exits_when_interrupted)
 
 
@@ -1035,6 +1036,7 @@ def _down(state_dir: Path, quiet: bool = False) -> list[str]:
         )
     keys.remove_keys(state.config.keys_dir)  # also those an `up --auth` refused had written
     _state_path(state_dir).unlink(missing_ok=True)
+    known_stacks.remove(state_dir)
     return stopped
 
 

@@ -766,3 +766,39 @@ def test_a_helper_that_erased_its_environment_is_remembered_and_stopped(tmp_path
     assert row["running"] is False and row["leftover_processes"] == [helper]
     assert stack.down(tmp_path, quiet=True) == ["engine"]
     assert not Path(f"/proc/{helper}").exists() or supervisor._stat_fields(helper)[0] == "Z"
+
+
+def test_status_from_another_directory_says_where_the_stack_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said "the local stack is not running" while one served from another directory."""
+    fake_parts(monkeypatch)
+    stack_dir, elsewhere = tmp_path / "stack", tmp_path / "elsewhere"
+    stack.up(config(stack_dir))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dflash_ops.cli", "local", "status",
+             "--state-dir", str(elsewhere)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1
+        assert f"not running in {elsewhere}" in done.stdout
+        assert f"a stack runs in {stack_dir}: dflash-serve local status" in done.stdout
+    finally:
+        stack.down(stack_dir, quiet=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.cli", "local", "status", "--state-dir", str(elsewhere)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"a stack runs in {stack_dir}:" not in again.stdout  # down took it off the list
+
+
+def test_a_key_rotation_beside_another_command_is_refused(tmp_path: Path) -> None:
+    """Two `local rotate-key` at once could lose a key (one said done, then 401)."""
+    from dflash_ops.local import state_lock
+
+    with (
+        state_lock.holding(tmp_path, "rotate the key"),
+        pytest.raises(UserError, match=r"cannot rotate the key: `dflash-serve[^`]*` \(pid"),
+    ):
+        stack.rotate_key(tmp_path, None)
