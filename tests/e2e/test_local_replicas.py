@@ -16,18 +16,20 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from dflash_ops import door
 from dflash_ops.bench.core.client import Endpoint
-from dflash_ops.bench.core.prompts import build
+from dflash_ops.bench.core.prompts import RandomShape, build
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.local import stack, supervisor
 from dflash_ops.loopback import free_port, free_ports_in_a_row
@@ -376,6 +378,17 @@ class Outcome:
     error: str | None
 
 
+def tiny_tokenizer() -> Any:
+    """The tiny pair's tokenizer (the models the replicas serve), built here if need be."""
+    from dflash_ops.bench.core.token_counter import load_tokenizer
+    from dflash_ops.local.tiny_model import train_tokenizer
+
+    directory = Path(tempfile.gettempdir()) / f"dflash-serve-e2e-tokenizer-{os.getpid()}"
+    if not (directory / "tokenizer.json").is_file():
+        train_tokenizer(directory, 2048)
+    return load_tokenizer(str(directory))
+
+
 async def drive(
     router: str,
     key: str,
@@ -389,7 +402,9 @@ async def drive(
     the dead replica out of rotation), the clients stop sooner: once it holds and 20 requests
     started after that were served."""
     endpoint = Endpoint(router, api_key=key)
-    prompts = build("shared-prefix", 400, 80, 11, 8)
+    prompts = build(
+        "shared-prefix", 400, RandomShape(input_len=80), 11, 8, tokenizer=tiny_tokenizer()
+    )
     outcomes: list[Outcome] = []
     stop_at = time.monotonic() + seconds
     ejected_at: list[float] = []
