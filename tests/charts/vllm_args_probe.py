@@ -99,6 +99,7 @@ def main() -> None:
             results[case["name"]] = check(case["argv"], target)
         except Exception as err:  # the probe reports what vLLM raised, whatever it is
             results[case["name"]] = f"{type(err).__name__}: {err}"
+        print(f"checked {case['name']}", file=sys.stderr, flush=True)  # progress, per case
     sys.stdout.write("\n" + json.dumps(results) + "\n")
 
 

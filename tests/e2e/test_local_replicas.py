@@ -393,14 +393,14 @@ async def drive(
     router: str,
     key: str,
     seconds: float,
-    on_start: float,
+    served_before: int,
     kill: object,
     ejected: Callable[[], bool] | None = None,
 ) -> list[Outcome]:
-    """Four clients streaming chats through the router for `seconds`; `kill()` runs at
-    `on_start` seconds and returns when the replica is dead. With `ejected` (the router took
-    the dead replica out of rotation), the clients stop sooner: once it holds and 20 requests
-    started after that were served."""
+    """Four clients streaming chats through the router for `seconds`; `kill()` runs once
+    `served_before` requests were served and returns when the replica is dead. With `ejected`
+    (the router took the dead replica out of rotation), the clients stop sooner: once it holds
+    and 20 requests started after that were served."""
     endpoint = Endpoint(router, api_key=key)
     prompts = build(
         "shared-prefix", 400, RandomShape(input_len=80), 11, 8, tokenizer=tiny_tokenizer()
@@ -423,7 +423,11 @@ async def drive(
             i += 4
 
     async def killer() -> None:
-        await asyncio.sleep(on_start)
+        # An event, not a time: a loaded machine serves fewer requests in a given time.
+        while len([o for o in outcomes if o.ok]) < served_before:
+            if time.monotonic() >= stop_at:
+                return
+            await asyncio.sleep(0.05)
         await asyncio.to_thread(kill)  # type: ignore[arg-type]
         while ejected is not None and time.monotonic() < stop_at:
             if await asyncio.to_thread(ejected):
@@ -453,11 +457,11 @@ def test_a_replica_killed_mid_run_fails_only_its_requests_in_flight(replicas: Re
         return replicas.gauge("vllm_router_worker_health", dead_url) == 0.0
 
     # Through the router's ejection of the dead replica and 20 requests after it, at most 60 s.
-    outcomes = asyncio.run(drive(replicas.router, replicas.key, 60.0, 6.0, kill, ejected))
+    outcomes = asyncio.run(drive(replicas.router, replicas.key, 120.0, 8, kill, ejected))
     (at,) = killed_at
     in_flight = [o for o in outcomes if o.started < at < o.ended]
     failed = [o for o in outcomes if not o.ok]
-    assert len([o for o in outcomes if o.ended < at]) > 4, "no traffic before the kill"
+    assert len([o for o in outcomes if o.ended < at]) >= 8, "no traffic before the kill"
     # Only requests in flight when the replica died may fail; every later one is served by
     # the other replica.
     late = [o for o in failed if o.started >= at]
@@ -477,7 +481,7 @@ def test_a_replica_killed_mid_run_fails_only_its_requests_in_flight(replicas: Re
         assert time.monotonic() < deadline, replicas.router_metrics()[-2000:]
         time.sleep(1)
     time.sleep(11)  # its circuit, opened by the failed requests, closes after 10 s
-    back = asyncio.run(drive(replicas.router, replicas.key, 12.0, 0.0, lambda: None))
+    back = asyncio.run(drive(replicas.router, replicas.key, 12.0, 0, lambda: None))
     assert all(o.ok for o in back), [o.error for o in back if not o.ok][:3]
     again = replicas.gauge("vllm_router_processed_requests_total", dead_url)
     assert again is not None and processed is not None and again > processed

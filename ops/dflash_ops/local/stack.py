@@ -8,6 +8,7 @@ duplicates and `down` never signals a stranger.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -37,10 +38,14 @@ from dflash_ops.local.supervisor import (
     check_port_free,
     group_members,
     http_ok,
+    process_group,
     remember_members,
     say,
+    scope_of,
     spawn,
     stop_process,
+    stop_strays,
+    strays,
     wait_ready,
 )
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
@@ -911,6 +916,8 @@ def _start(
     for record in previous.processes if previous else []:
         if record.name not in kept:
             stop_process(record)  # leftovers of a dead component (e.g. its engine core)
+    # What a `local up` killed before writing it down left running holds the ports: stopped.
+    _stop_strays(config.state_dir, False, {m for p in kept.values() for m in group_members(p)})
     components = _components(config)
     order = {c.name: i for i, c in enumerate(components)}
     state = StackState(
@@ -973,6 +980,7 @@ def _start(
             cwd=component.cwd,
             env=component.env,
             title=component.title,
+            scope=scope_of(config.state_dir),
         )
         started.append(record)
         state.processes = sorted([*state.processes, record], key=lambda p: order[p.name])
@@ -995,6 +1003,8 @@ def _undo_start(config: StackConfig, started: list[ProcessRecord]) -> list[str]:
     gone = {record.pid for record in started}
     state = load_state(config.state_dir)
     left = [p for p in (state.processes if state else []) if p.pid not in gone and alive(p)]
+    # A part spawned as the interruption came, before it was added to `started`.
+    _stop_strays(config.state_dir, True, {m for p in left for m in group_members(p)})
     if state is not None and left:
         _save_state(state.model_copy(update={"processes": left}))
         return [p.name for p in left]
@@ -1013,7 +1023,8 @@ def _down(state_dir: Path, quiet: bool = False) -> list[str]:
     state = load_state(state_dir)
     if state is None:
         keys.remove_keys(keys.keys_dir(state_dir))  # of an `up` killed before it saved a state
-        if not quiet:
+        stray = _stop_strays(state_dir, quiet)
+        if not quiet and not stray:
             say(f"nothing running (no {_state_path(state_dir)})")
         return []
     stopped = []
@@ -1034,18 +1045,26 @@ def _down(state_dir: Path, quiet: bool = False) -> list[str]:
             + ", ".join(f"{name} (pids {' '.join(map(str, pids))})" for name, pids in left.items())
             + f"; the state stays in {_state_path(state_dir)}"
         )
+    _stop_strays(state_dir, quiet)
     keys.remove_keys(state.config.keys_dir)  # also those an `up --auth` refused had written
     _state_path(state_dir).unlink(missing_ok=True)
     known_stacks.remove(state_dir)
     return stopped
 
 
+def _stop_strays(state_dir: Path, quiet: bool, known: set[int] | None = None) -> list[int]:
+    """Stop the processes marked as this stack's that state.json does not name (a `local up`
+    killed between starting one and writing it down); their pids."""
+    stray = stop_strays(scope_of(state_dir), known or set())
+    if stray and not quiet:
+        say(f"stopped {len(stray)} process(es) of this stack that no state named: {stray}")
+    return stray
+
+
 def status(state_dir: Path) -> list[dict[str, object]]:
     state = load_state(state_dir)
-    if state is None:
-        return []
     rows: list[dict[str, object]] = []
-    for record in state.processes:
+    for record in state.processes if state else []:
         probe = READY_PATHS[kind_of(record.name)]
         running = alive(record)
         members = group_members(record)
@@ -1060,6 +1079,27 @@ def status(state_dir: Path) -> list[dict[str, object]]:
                 "healthy": running and http_ok(record.url + probe),
                 "url": record.url,
                 "log": record.log,
+            }
+        )
+    # Processes of this stack no record names (a `local up` killed before writing them down):
+    # leftovers too, so status shows every process of the stack; `local down` stops them.
+    recorded = {m for r in (state.processes if state else []) for m in group_members(r)}
+    groups: dict[int, list[int]] = {}
+    for pid in strays(scope_of(state_dir), recorded):
+        with contextlib.suppress(ProcessLookupError):
+            groups.setdefault(os.getpgid(pid), []).append(pid)
+    for pgid, marked in groups.items():
+        # Its whole group: what it started may have erased its marker (vLLM's EngineCore).
+        members = sorted(set(marked) | {p for p in process_group(pgid) if p not in recorded})
+        rows.append(
+            {
+                "name": "unrecorded",
+                "pid": pgid,
+                "running": False,
+                "leftover_processes": members,
+                "healthy": False,
+                "url": "",
+                "log": "",
             }
         )
     return rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import signal
 import socket
@@ -131,6 +132,11 @@ def _group(pgid: int) -> list[tuple[int, list[str]]]:
     return found
 
 
+def process_group(pgid: int) -> list[int]:
+    """Live processes of the process group `pgid`."""
+    return [pid for pid, _ in _group(pgid)]
+
+
 def remember_members(record: ProcessRecord) -> ProcessRecord:
     """The record with every process of its group now remembered (call it once the component
     is ready, its leader alive: while the leader lives no stranger can hold its group id)."""
@@ -138,6 +144,47 @@ def remember_members(record: ProcessRecord) -> ProcessRecord:
         return record
     members = [(pid, int(f[19])) for pid, f in _group(record.pid) if len(f) > 19]
     return record.model_copy(update={"members": members})
+
+
+def scope_of(state_dir: Path) -> str:
+    """The stack a process belongs to, in its marker: every process a stack starts carries
+    `<scope>/<name>-<uuid>`, so one killed before state.json named it is still found."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def strays(scope: str, known: set[int]) -> list[int]:
+    """Live processes marked as the stack `scope`'s that no record in `known` accounts for:
+    spawned by a `local up` killed before it could write them down."""
+    found = []
+    prefix = f"{MARKER_VARIABLE}={scope}/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in known:
+            continue
+        try:
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+        except OSError:
+            continue
+        fields = _stat_fields(entry.name)
+        if fields is None or fields[0] == "Z":
+            continue
+        if any(item.startswith(prefix) for item in environ.split(b"\0")):
+            found.append(int(entry.name))
+    return found
+
+
+def stop_strays(scope: str, known: set[int], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM the process groups of `strays`, SIGKILL what is left after `grace_s`."""
+    found = strays(scope, known)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), sig)
+        deadline = time.monotonic() + wait_s
+        while strays(scope, known) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not strays(scope, known):
+            break
+    return found
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -156,10 +203,11 @@ def spawn(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     title: str | None = None,
+    scope: str = "",
 ) -> ProcessRecord:
     if cwd is not None:
         cwd.mkdir(parents=True, exist_ok=True)
-    marker = f"{name}-{uuid.uuid4().hex}"
+    marker = f"{scope}/{name}-{uuid.uuid4().hex}" if scope else f"{name}-{uuid.uuid4().hex}"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             argv,

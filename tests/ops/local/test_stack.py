@@ -802,3 +802,25 @@ def test_a_key_rotation_beside_another_command_is_refused(tmp_path: Path) -> Non
         pytest.raises(UserError, match=r"cannot rotate the key: `dflash-serve[^`]*` \(pid"),
     ):
         stack.rotate_key(tmp_path, None)
+
+
+def test_a_process_no_state_names_is_shown_and_stopped(tmp_path: Path) -> None:
+    """A `local up` killed between starting a part and writing it down left it unnamed: every
+    process the stack starts carries the stack's scope in its marker, so status shows it and
+    down (or the next up) stops it."""
+    stray = supervisor.spawn(
+        "engine", ["sleep", "300"], "http://127.0.0.1:1", tmp_path / "engine.log",
+        scope=supervisor.scope_of(tmp_path),
+    )  # fmt: skip
+    other = supervisor.spawn(
+        "engine", ["sleep", "300"], "http://127.0.0.1:1", tmp_path / "other.log",
+        scope=supervisor.scope_of(tmp_path / "another-stack"),
+    )  # fmt: skip
+    try:
+        rows = stack.status(tmp_path)
+        assert [(r["name"], r["pid"]) for r in rows] == [("unrecorded", stray.pid)]
+        stack.down(tmp_path, quiet=True)
+        assert not supervisor.alive(stray) and supervisor.alive(other)
+    finally:
+        supervisor.stop_process(other)
+        supervisor.stop_process(stray)

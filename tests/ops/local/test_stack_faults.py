@@ -1,0 +1,172 @@
+"""Randomized faults against the local stack's bookkeeping, on real processes and ports: each
+part a stand-in (tests.ops.local.fake_stack), one stack or two replicas behind a router. An
+episode starts the stack, kills a part, restarts it with `local up`, and at a random moment
+runs `local down`, Ctrl-C, SIGTERM or kill -9 of that `up`, or a second `up`. Then `local status`
+must name every process of the stack and nothing that is not there, and `local down` must leave
+no process and no listener. A failing seed is kept in KEPT_SEEDS as a fixed case."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dflash_ops.local import stack, supervisor
+from dflash_ops.loopback import free_port
+
+from tests.conftest import REPO_ROOT
+
+EPISODES = 16  # seeds 0-15; exploring more found seed 36 (SIGTERM inside spawn)
+KEPT_SEEDS = [36]  # seeds that once failed, kept as fixed cases
+FAULTS = ("down", "sigint", "sigterm", "sigkill", "second-up", "none")
+
+
+def consecutive_free_ports(count: int) -> int:
+    for _ in range(50):
+        base = free_port()
+        if all(_free(base + i) for i in range(count)):
+            return base
+    raise AssertionError("no consecutive free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def tagged(state_dir: Path) -> dict[int, list[str]]:
+    """Every live stand-in of this episode (parts and helpers), by pid: their command lines
+    carry the state directory."""
+    found = {}
+    tag = str(state_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        fields = supervisor._stat_fields(entry.name)
+        if tag in cmdline and fields is not None and fields[0] != "Z":
+            found[int(entry.name)] = fields
+    return found
+
+
+class Episode:
+    def __init__(self, seed: int, root: Path) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.state_dir = root / "stack"
+        self.replicas = self.rng.choice([1, 2])
+        engine, sidecars, prometheus = free_port(), consecutive_free_ports(2), free_port()
+        self.flags = [
+            "--state-dir", str(self.state_dir), "--engine-port", str(engine),
+            "--sidecar-port", str(sidecars), "--prometheus-port", str(prometheus),
+        ]  # fmt: skip
+        self.ports = [engine, sidecars, prometheus]
+        if self.replicas == 2:
+            replicas, router_metrics = consecutive_free_ports(2), free_port()
+            self.flags += [
+                "--replicas", "2", "--replica-base-port", str(replicas),
+                "--router-metrics-port", str(router_metrics),
+            ]  # fmt: skip
+            self.ports += [sidecars + 1, replicas, replicas + 1, router_metrics]
+        self.runs = 0
+        self.log: list[str] = [f"seed {seed}, replicas {self.replicas}"]
+
+    def argv(self, action: str) -> list[str]:
+        self.runs += 1
+        flags = {"up": self.flags, "status": [*self.flags[:2], "--format", "json"]}
+        return [sys.executable, "-m", "tests.ops.local.fake_stack", "--delay-seed",
+                str(self.seed * 100 + self.runs), "local", action,
+                *flags.get(action, self.flags[:2])]  # fmt: skip
+
+    def start(self, action: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(action), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO_ROOT,
+        )  # fmt: skip
+
+    def run(self, action: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            self.argv(action), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+        )
+        self.log.append(f"{action}: rc {done.returncode} {done.stderr.strip()[-300:]}")
+        return done
+
+    def finish(self, process: subprocess.Popen[str], what: str) -> None:
+        _, err = process.communicate(timeout=120)
+        self.log.append(f"{what}: rc {process.returncode} {err.strip()[-300:]}")
+
+
+def check_status(episode: Episode) -> None:
+    """status names every live process of the stack (a part, its helper or a leftover) and
+    calls nothing running that is not."""
+    done = episode.run("status")
+    rows = json.loads(done.stdout)
+    live = tagged(episode.state_dir)
+    for row in rows:
+        if row["running"]:
+            assert row["pid"] in live, (row, episode.log)
+    accounted = set()
+    for row in rows:
+        if row["running"]:
+            group = {pid for pid, fields in live.items() if fields[2] == str(row["pid"])}
+            accounted |= group | {row["pid"]}
+        accounted |= set(row["leftover_processes"])
+    missed = set(live) - accounted
+    assert not missed, (missed, rows, episode.log)
+
+
+def episode_of(seed: int, root: Path) -> None:
+    episode = Episode(seed, root)
+    rng = episode.rng
+    first = episode.run("up")
+    assert first.returncode == 0, episode.log
+    state = stack.load_state(episode.state_dir)
+    assert state is not None
+    victim = rng.choice(state.processes)
+    whole = rng.random() < 0.5
+    episode.log.append(f"kill -9 {victim.name} ({'group' if whole else 'leader'})")
+    if whole:
+        os.killpg(victim.pid, signal.SIGKILL)
+    else:
+        os.kill(victim.pid, signal.SIGKILL)
+    restart = episode.start("up")
+    time.sleep(rng.uniform(0.0, 1.5))
+    fault = rng.choice(FAULTS)
+    episode.log.append(f"fault {fault}")
+    signals = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
+    if fault == "down":
+        episode.run("down")
+    elif fault in signals:
+        restart.send_signal(signals[fault])
+    elif fault == "second-up":
+        episode.finish(episode.start("up"), "second up")
+    episode.finish(restart, "restart")
+    check_status(episode)
+    stopped = episode.run("down")
+    assert stopped.returncode == 0, episode.log
+    deadline = time.monotonic() + 15
+    while tagged(episode.state_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)  # a helper killed with its group may take a moment to be reaped
+    assert not tagged(episode.state_dir), episode.log
+    busy = [port for port in episode.ports if not _free(port)]
+    assert not busy, (busy, episode.log)
+
+
+@pytest.mark.parametrize("seed", [*KEPT_SEEDS, *range(EPISODES)])
+def test_no_fault_leaves_a_process_or_a_port_or_a_wrong_status(seed: int, tmp_path: Path) -> None:
+    episode_of(seed, tmp_path)
