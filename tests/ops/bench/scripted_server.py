@@ -19,7 +19,8 @@
                 (the sweep tests' stand-in helm) set speculative.method=off: speculation always
                 wins; no /metrics (no running batch)
 
-/echo/T/...     instant; GET /echo/T/bodies lists the chat request bodies it received
+/echo/T/...     instant; GET /echo/T/bodies lists the chat (and completions) request bodies it
+                received
 /steps/...      streams max_tokens tokens: the first alone, then N per chunk where the prompt
                 says `[steps=N]` (1 otherwise), as a speculating engine streams one chunk a step
 /markov/V/...   sampled token ids (non-streamed, `return_token_ids`) from a fixed Markov chain over
@@ -244,6 +245,19 @@ def scripted() -> web.Application:
 
     app.router.add_get("/steps/v1/models", models)
     app.router.add_post("/steps/v1/chat/completions", steps_chat)
+
+    async def echo_completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.setdefault(request.match_info["token"], []).append(body)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        tokens = int(body.get("max_tokens", 4))
+        await response.write(b'data: {"choices":[{"text":"tok "}]}\n\n' * tokens)
+        tail = {"choices": [], "usage": {"completion_tokens": tokens, "prompt_tokens": 3}}
+        await response.write(f"data: {json.dumps(tail)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app.router.add_post("/echo/{token}/v1/completions", echo_completions)
     app.router.add_get("/echo/{token}/v1/models", models)
     app.router.add_post("/echo/{token}/v1/chat/completions", echo_chat)
     app.router.add_get("/echo/{token}/bodies", echo_bodies)

@@ -195,3 +195,16 @@ def test_a_random_flag_alone_means_vllms_random_set(
     )
     assert result.settings.prompt_set == "random" and result.settings.output_len == 32
     assert {b["max_tokens"] for b in bodies} == {32} and all(b["ignore_eos"] for b in bodies)
+
+
+def test_the_completions_endpoint_sends_the_prompt_as_written(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    """--endpoint /v1/completions, vllm bench serve's default API: a prompt, not messages, and
+    the streamed `text` counted; the results and the vLLM-format export say which API."""
+    bodies, result, _ = bench(scripted_server, tmp_path, "--endpoint", "/v1/completions")
+    assert bodies and all(isinstance(b["prompt"], str) and "messages" not in b for b in bodies)
+    assert result.settings.endpoint == "/v1/completions"
+    assert all(run.output_tokens == 4 * 6 for level in result.levels for run in level.runs)
+    exported = json.loads((tmp_path / "vllm" / "concurrency=1" / "run=0.json").read_text())
+    assert exported["backend"] == "openai" and exported["completed"] == 4

@@ -70,6 +70,7 @@ for argv in rows:
         "metric_percentiles": [float(p) for p in a.metric_percentiles.split(",")],
         "result_file": [a.save_result, a.result_filename],
         "spec_bench": [a.spec_bench_category, a.spec_bench_output_len],
+        "endpoint": a.endpoint,
     })
 print(json.dumps(out))
 """
@@ -119,6 +120,8 @@ ROWS: list[tuple[list[str], tuple[str, ...]]] = [
     ),
     ([], ("percentile_metrics", "metric_percentiles", "result_file")),
     (["--save-result", "--result-filename", "one.json"], ("result_file",)),
+    (["--endpoint", "/v1/completions"], ("endpoint",)),
+    (["--endpoint", "/v1/chat/completions"], ("endpoint",)),
     (
         ["--dataset-name", "spec_bench", "--dataset-path", "question.jsonl",
          "--spec-bench-category", "coding", "--spec-bench-output-len", "64"],
@@ -183,6 +186,7 @@ def our_meaning(argv: list[str]) -> dict[str, Any]:
         "metric_percentiles": settings.metric_percentiles,
         "result_file": [args.save_result, args.result_filename],
         "spec_bench": [settings.dataset_category, settings.output_len],
+        "endpoint": settings.endpoint,
     }
 
 

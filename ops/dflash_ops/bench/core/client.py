@@ -41,6 +41,16 @@ def check_base_url(url: str) -> str:
 ErrorKind = Literal["http", "timeout", "connection", "protocol"]
 
 
+ApiPath = Literal["/v1/chat/completions", "/v1/completions"]
+CHAT_PATH: ApiPath = "/v1/chat/completions"
+COMPLETIONS_PATH: ApiPath = "/v1/completions"
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """A chat's messages as one completions prompt: their contents, a blank line between."""
+    return "\n\n".join(message["content"] for message in messages)
+
+
 @dataclass
 class RequestRecord:
     """What one streamed request measured."""
@@ -89,8 +99,12 @@ class Endpoint:
         token_counter: Callable[[str], int] | None = None,
         metrics_urls: list[str] | None = None,
         sampling: Sampling | None = None,
+        api_path: ApiPath = CHAT_PATH,
     ) -> None:
         self.base_url = check_base_url(base_url)
+        # The OpenAI API the requests go to: chat (the server applies the chat template) or
+        # completions (the prompt as written, as vllm bench serve's default backend sends it).
+        self.api_path = api_path
         self.sampling = sampling if sampling is not None else Sampling.recorded_before_sampling()
         # Engines whose counters are summed (replicas behind a router); none: the target's own.
         self.metrics_urls = [check_base_url(url) for url in metrics_urls or []]
@@ -265,9 +279,10 @@ class Endpoint:
     ) -> RequestRecord:
         """One streamed request, sampled as self.sampling says (`seed`: the request's, sent
         when it samples); never raises for a failed request (recorded instead)."""
+        chat = self.api_path == CHAT_PATH
         body = {
             "model": model,
-            "messages": messages,
+            **({"messages": messages} if chat else {"prompt": prompt_text(messages)}),
             "max_tokens": max_tokens,
             **self.sampling.body(seed),
             "stream": True,
@@ -276,9 +291,7 @@ class Endpoint:
         record = RequestRecord(ok=False, start=time.perf_counter(), seed=body.get("seed"))
         text: list[str] = []
         try:
-            async with self.session.post(
-                self.base_url + "/v1/chat/completions", json=body
-            ) as reply:
+            async with self.session.post(self.base_url + self.api_path, json=body) as reply:
                 if reply.status != 200:
                     record.error = f"HTTP {reply.status}: {(await reply.text())[:200]}"
                     record.error_kind = "http"
@@ -304,6 +317,8 @@ class Endpoint:
                                 delta.get("content")
                                 or delta.get("reasoning_content")
                                 or delta.get("reasoning")
+                                if chat
+                                else choices[0].get("text")
                             )
                             if content:
                                 record.chunk_times_s.append(now - record.start)
@@ -361,18 +376,17 @@ class Endpoint:
         """Completion token ids of one request to max_tokens (for the lossless checks): greedy,
         or sampled as `sampling` says with the request seed `seed`."""
         fields = sampling.body(seed) if sampling is not None else {"temperature": 0}
+        chat = self.api_path == CHAT_PATH
         body = {
             "model": model,
-            "messages": messages,
+            **({"messages": messages} if chat else {"prompt": prompt_text(messages)}),
             "max_tokens": max_tokens,
             **fields,
             "ignore_eos": True,
             "return_token_ids": True,
         }
         try:
-            async with self.session.post(
-                self.base_url + "/v1/chat/completions", json=body
-            ) as reply:
+            async with self.session.post(self.base_url + self.api_path, json=body) as reply:
                 text = await reply.text()
                 if reply.status != 200:
                     raise UserError(

@@ -308,6 +308,11 @@ class BenchSettings(BaseModel):
     input_range_ratio: float = 0.0
     output_range_ratio: float = 0.0
     prefix_len: int = Field(default=0, description="random: shared prefix tokens")
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"] = Field(
+        default="/v1/chat/completions",
+        description="the API the requests went to (--endpoint): chat applies the model's chat "
+        "template, completions sends the prompt as written",
+    )
     label: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     percentile_metrics: list[PercentileMetric] = Field(
@@ -372,7 +377,7 @@ class BenchSettings(BaseModel):
         output = str(self.max_tokens) if self.output_len is None else str(self.output_len)
         if self.output_len is not None and self.output_range_ratio:
             output += f" +-{self.output_range_ratio:g}"
-        return {
+        described = {
             "dataset": dataset,
             "input length": length,
             "max tokens": output,
@@ -380,6 +385,9 @@ class BenchSettings(BaseModel):
             "dataset seed": str(self.seed),
             "sampling": self.sampling.describe(),
         }
+        if self.endpoint != "/v1/chat/completions":
+            described["endpoint"] = self.endpoint  # (chat, the default, named only when not)
+        return described
 
 
 def requests_described(workload: dict[str, str]) -> str:

@@ -568,6 +568,7 @@ async def run_bench(
         token_counter=target.token_counter,
         metrics_urls=settings.metrics_urls,
         sampling=settings.sampling,
+        api_path=settings.endpoint,
     )
     compared = target.reference
     reference = Endpoint(compared.url, api_key=target.api_key) if compared else None

@@ -32,6 +32,11 @@ DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # vLLM's for generative mo
 FOLDER = "vllm"
 
 
+def backend_of(endpoint: str) -> str:
+    """vllm bench serve's --backend for the API: openai (completions) or openai-chat."""
+    return "openai" if endpoint == "/v1/completions" else "openai-chat"
+
+
 def percentile(values: Sequence[float], p: float) -> float:
     """numpy.percentile's default (linear interpolation between closest ranks)."""
     ordered = sorted(values)
@@ -105,8 +110,8 @@ def record(
     good = [r.good_requests for r in runs]
     data: dict[str, Any] = {
         "date": _date(result.started_at),
-        "endpoint_type": "openai-chat",
-        "backend": "openai-chat",
+        "endpoint_type": backend_of(settings.endpoint),
+        "backend": backend_of(settings.endpoint),
         "label": settings.label,
         "model_id": result.model,
         "tokenizer_id": settings.tokenizer or result.model,
@@ -203,7 +208,7 @@ def vllm_file_name(result: BenchResult, level: LevelResult) -> str:
     cap = level.concurrency or level.max_concurrency
     concurrency = f"-concurrency{cap}" if cap is not None else ""
     model = re.sub(r"[^A-Za-z0-9._-]", "_", result.model.split("/")[-1]) or "model"
-    label = result.settings.label or "openai-chat"
+    label = result.settings.label or backend_of(result.settings.endpoint)
     return f"{label}-{rate}qps{concurrency}-{model}-{_date(result.started_at)}.json"
 
 

@@ -121,6 +121,13 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "--dataset-path", type=Path, help="the file of the custom, sharegpt or spec_bench set"
     )
     parser.add_argument(
+        "--endpoint",
+        choices=["/v1/chat/completions", "/v1/completions"],
+        default="/v1/chat/completions",
+        help="the API the requests go to: chat (default; the server applies the model's chat "
+        "template) or completions (the prompt as written; vllm bench serve's default)",
+    )
+    parser.add_argument(
         "--spec-bench-category",
         help="spec_bench: only this category (default: all, each reported on its own)",
     )
@@ -483,6 +490,7 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         input_range_ratio=input_ratio,
         output_range_ratio=output_ratio,
         prefix_len=args.random_prefix_len or 0,
+        endpoint=args.endpoint,
         label=args.label,
         metadata=dict(args.metadata or []),
         **_percentiles(args),
