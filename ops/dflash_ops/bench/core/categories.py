@@ -11,12 +11,21 @@ or merges chunks otherwise makes it a different figure: the results say it is fr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-if TYPE_CHECKING:
-    from dflash_ops.bench.core.client import RequestRecord
+
+class StreamedRequest(Protocol):
+    """What the figures read of a request's record (client.RequestRecord)."""
+
+    ok: bool
+    category: str | None
+    output_tokens: int
+    chunk_times_s: list[float]
+
+    @property
+    def tpot_s(self) -> float | None: ...
 
 
 class CategoryFigures(BaseModel):
@@ -30,9 +39,9 @@ class CategoryFigures(BaseModel):
     tpot_ms_mean: float | None = None
 
 
-def by_category(records: Iterable[RequestRecord]) -> dict[str, CategoryFigures] | None:
+def by_category(records: Iterable[StreamedRequest]) -> dict[str, CategoryFigures] | None:
     """The successful records' figures per category; None when no record has one."""
-    grouped: dict[str, list[RequestRecord]] = {}
+    grouped: dict[str, list[StreamedRequest]] = {}
     for record in records:
         if record.ok and record.category is not None:
             grouped.setdefault(record.category, []).append(record)

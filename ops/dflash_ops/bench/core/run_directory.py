@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dflash_ops.bench.core import report, vllm_export
+from dflash_ops.bench.core.atomic_files import replace_text
 from dflash_ops.bench.core.client import RequestRecord
 from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
@@ -93,7 +93,7 @@ class RunDirectory:
         """results.json and results.md as of now; the plot too once the run has ended."""
         self._start()
         save_json(self.results_path, result.model_dump_json(indent=2))
-        _replace(self.markdown_path, report.markdown(result))
+        replace_text(self.markdown_path, report.markdown(result))
         vllm_export.write(self.out, result, self.lines, self.save_result, self.result_filename)
         if result.status != "running":
             report.plot(result, self.plot_path)
@@ -112,13 +112,7 @@ class RunDirectory:
 
 
 def save_json(path: Path, text: str) -> None:
-    _replace(path, text)
-
-
-def _replace(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    replace_text(path, text)
 
 
 class BenchInterrupted(Exception):

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.bench.core.atomic_files import replace_text
 from dflash_ops.bench.core.results import BenchResult, LevelResult, RunResult
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -220,21 +221,19 @@ def write(
     result_filename: str | None = None,
 ) -> list[Path]:
     """The export of `result` into `out`, atomically file by file; the paths written."""
-    from dflash_ops.bench.core.run_directory import save_json
-
     written = []
     for name, records in run_records(result, lines).items():
         folder = out / FOLDER / name
         folder.mkdir(parents=True, exist_ok=True)
         for data in records:
             path = folder / f"run={data['run_number']}.json"
-            save_json(path, json.dumps(data, indent=2))
+            replace_text(path, json.dumps(data, indent=2))
             written.append(path)
-        save_json(folder / "summary.json", json.dumps(records, indent=2))
+        replace_text(folder / "summary.json", json.dumps(records, indent=2))
         written.append(folder / "summary.json")
     if save_result or result_filename:
         for level in result.levels:
             name = result_filename or vllm_file_name(result, level)
-            save_json(out / name, json.dumps(pooled_record(result, level, lines)))
+            replace_text(out / name, json.dumps(pooled_record(result, level, lines)))
             written.append(out / name)
     return written
