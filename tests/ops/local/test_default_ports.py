@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dflash_ops.errors import UserError
-from dflash_ops.local import stack
+from dflash_ops.local import engine, stack
 from dflash_ops.loopback import free_port
 
 from tests.conftest import DEFAULT_PORTS, _claim_free_default_ports
@@ -115,7 +115,7 @@ def test_a_missing_engine_is_named_before_a_busy_port(
 ) -> None:
     """Without the engine, a user learns that first, not to free port 8000 for it."""
     assert answers(8000)
-    monkeypatch.setattr(stack, "ENGINE_MODULES", ("no_such_engine_package",))
+    monkeypatch.setattr(engine, "ENGINE_MODULES", ("no_such_engine_package",))
     with pytest.raises(UserError, match=r"runs a real vLLM CPU engine.*no_such_engine_package"):
         stack.up(stack.StackConfig(state_dir=tmp_path, prometheus=False))
     assert not (tmp_path / "models").exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from dflash_ops.errors import UserError
-from dflash_ops.local import stack, supervisor
+from dflash_ops.local import engine, stack, supervisor
 from dflash_ops.loopback import free_port, free_ports_in_a_row
 
 
@@ -134,7 +134,7 @@ def test_the_engine_core_runs_the_model_on_its_share_of_the_cores_unless_the_cal
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(stack, "engine_threads", lambda engines: 12 // engines)
+    monkeypatch.setattr(engine, "engine_threads", lambda engines: 12 // engines)
     one, three = (stack.StackConfig(state_dir=tmp_path, replicas=n) for n in (1, 3))
     assert stack.engine_env(one) == {
         "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -303,7 +303,7 @@ def test_a_signal_during_up_stops_what_was_started(tmp_path: Path, sig: int) -> 
     script = tmp_path / "up.py"
     script.write_text(
         "import sys, time\n"
-        "from dflash_ops.local import stack, supervisor\n"
+        "from dflash_ops.local import engine, stack, supervisor\n"
         "def slow_start(config, state, started):\n"
         "    record = supervisor.spawn('engine', ['sleep', '300'], 'http://127.0.0.1:1',\n"
         "                              config.state_dir / 'engine.log')\n"
