@@ -21,6 +21,10 @@
 
 /echo/T/...     instant; GET /echo/T/bodies lists the chat (and completions) request bodies it
                 received
+/hostile/K/...  20 content chunks, then what a broken or lying server sends, by K: choices-object
+                ("choices" an object), usage-infinity, usage-negative, usage-billion (10^9
+                completion tokens), usage-over-max (5,000), usage-over-chunks (321: more than
+                16 a chunk; asks max_tokens 1000 to pass the first check)
 /steps/...      streams max_tokens tokens: the first alone, then N per chunk where the prompt
                 says `[steps=N]` (1 otherwise), as a speculating engine streams one chunk a step
 /markov/V/...   sampled token ids (non-streamed, `return_token_ids`) from a fixed Markov chain over
@@ -243,6 +247,24 @@ def scripted() -> web.Application:
         await response.write(f"data: {json.dumps(tail)}\n\ndata: [DONE]\n\n".encode())
         return response
 
+    async def hostile_chat(request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"delta":{"content":"tok "}}]}\n\n' * 20)
+        tails = {
+            "choices-object": b'data: {"choices": {"0": {"delta": {"content": "x"}}}}',
+            "usage-infinity": b'data: {"usage": {"completion_tokens": Infinity}}',
+            "usage-negative": b'data: {"usage": {"completion_tokens": -5}}',
+            "usage-billion": b'data: {"usage": {"completion_tokens": 1000000000}}',
+            "usage-over-max": b'data: {"usage": {"completion_tokens": 5000}}',
+            "usage-over-chunks": b'data: {"usage": {"completion_tokens": 321}}',
+        }
+        await response.write(tails[kind] + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    app.router.add_get("/hostile/{kind}/v1/models", models)
+    app.router.add_post("/hostile/{kind}/v1/chat/completions", hostile_chat)
     app.router.add_get("/steps/v1/models", models)
     app.router.add_post("/steps/v1/chat/completions", steps_chat)
 

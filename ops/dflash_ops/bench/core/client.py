@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from dflash_ops.bench.core.results import DEFAULT_REQUEST_TIMEOUT_S
 from dflash_ops.bench.core.sampling import Sampling
 from dflash_ops.errors import UserError
 from dflash_ops.urls import check_http_url
+from dflash_ops.vocabulary import MAX_K
 
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
 _PREFIX_HITS = re.compile(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\}\s+(\S+)", re.M)
@@ -44,6 +46,36 @@ ErrorKind = Literal["http", "timeout", "connection", "protocol"]
 ApiPath = Literal["/v1/chat/completions", "/v1/completions"]
 CHAT_PATH: ApiPath = "/v1/chat/completions"
 COMPLETIONS_PATH: ApiPath = "/v1/completions"
+
+
+# A speculative step streams at most 1 + k tokens in one chunk, k at most MAX_K (the largest
+# num_speculative_tokens this project runs); more tokens per chunk than that no engine streams.
+MAX_TOKENS_PER_CHUNK = 1 + MAX_K
+
+
+def usage_count(usage: Any, key: str) -> int:
+    """A usage field as a count: a whole number >= 0 (absent or null: 0); anything else is a
+    malformed stream (ValueError), never believed."""
+    value = usage.get(key) if isinstance(usage, dict) else None
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"usage.{key} {value!r} is not a count")
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        raise ValueError(f"usage.{key} {value!r} is not a count")
+    return int(value)
+
+
+def impossible_usage(tokens: int, max_tokens: int, chunks: int) -> str | None:
+    """Why a usage count cannot be what was streamed, or None."""
+    if tokens > max_tokens:
+        return f"impossible usage: {tokens} completion tokens for max_tokens {max_tokens}"
+    if tokens > chunks * MAX_TOKENS_PER_CHUNK:
+        return (
+            f"impossible usage: {tokens} completion tokens in {chunks} streamed chunk(s) (at "
+            f"most {MAX_TOKENS_PER_CHUNK} per chunk)"
+        )
+    return None
 
 
 def prompt_text(messages: list[dict[str, str]]) -> str:
@@ -325,8 +357,8 @@ class Endpoint:
                                 text.append(content)
                         usage = chunk.get("usage")
                         if usage:
-                            record.output_tokens = int(usage.get("completion_tokens") or 0)
-                            record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                            record.output_tokens = usage_count(usage, "completion_tokens")
+                            record.prompt_tokens = usage_count(usage, "prompt_tokens")
         except TimeoutError:
             record.error = f"no answer within --request-timeout {self.timeout_s:g} s"
             record.error_kind = "timeout"
@@ -337,7 +369,11 @@ class Endpoint:
             record.error_kind = "connection"
             record.end = time.perf_counter()
             return record
-        except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as err:
+        except (
+            json.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError, IndexError,
+            OverflowError,
+        ) as err:  # fmt: skip
+            # Whatever a hostile or broken server sends fails this request, never the run.
             record.error = f"a malformed stream: {type(err).__name__}: {err}"[:300]
             record.error_kind = "protocol"
             record.end = time.perf_counter()
@@ -363,6 +399,13 @@ class Endpoint:
         if not record.ok:
             record.error = "the stream carried no content"
             record.error_kind = "protocol"
+        elif record.token_count_source == "usage" and (
+            impossible := impossible_usage(
+                record.output_tokens, max_tokens, len(record.chunk_times_s)
+            )
+        ):
+            # Believed, it would make a figure no stream can give (tok/s of a billion tokens).
+            record.ok, record.error, record.error_kind = False, impossible, "protocol"
         return record
 
     async def chat_token_ids(
