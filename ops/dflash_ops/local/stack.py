@@ -24,9 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from dflash_ops import door
+from dflash_ops import directory_lock, door
 from dflash_ops.errors import UserError
-from dflash_ops.local import keys, known_stacks, state_lock
+from dflash_ops.local import keys, known_stacks
 from dflash_ops.local.components import (
     Component as Component,
 )
@@ -160,7 +160,7 @@ def rotate_key(state_dir: Path, new_key: str | None) -> str:
     """Rotate the running stack's API key in two steps, as README "Rotating the API key" does
     with the chart's Secret: with a new key, the doors accept it beside the current one; with
     None (`--finish`), the new key becomes the only one. No process restarts."""
-    with state_lock.holding(state_dir, "rotate the key"):
+    with directory_lock.holding(state_dir, "rotate the key"):
         return _rotate_key(state_dir, new_key)
 
 
@@ -193,7 +193,7 @@ def up(
     A caller that exits once interrupted (the CLI) passes `exits_when_interrupted`: the signals
     then stay ignored after the clean-up, so a second Ctrl-C cannot cut its exit short with a
     traceback; any other caller gets its handlers back. One command at a time changes a state
-    directory (state_lock): a second is refused, naming the first."""
+    directory (directory_lock): a second is refused, naming the first."""
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         probe = config.state_dir / ".write-test"
@@ -204,7 +204,7 @@ def up(
             f"--state-dir {config.state_dir}: cannot keep the stack's state there "
             f"({err.strerror or err}); pass a writable directory"
         ) from None
-    with state_lock.holding(config.state_dir, "start the stack"):
+    with directory_lock.holding(config.state_dir, "start the stack"):
         known_stacks.add(config.state_dir)
         return _up(config, api_key, exits_when_interrupted)
 
@@ -426,7 +426,7 @@ def _undo_start(config: StackConfig, started: list[ProcessRecord]) -> list[str]:
 def down(state_dir: Path, quiet: bool = False) -> list[str]:
     """Stop every part of the stack in `state_dir` (under its lock: not while a `local up`
     starts or restarts it); the names of the parts stopped."""
-    with state_lock.holding(state_dir, "stop the stack"):
+    with directory_lock.holding(state_dir, "stop the stack"):
         return _down(state_dir, quiet)
 
 

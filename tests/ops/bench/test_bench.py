@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,9 @@ def test_the_run_directory_holds_every_request_and_the_last_result(
     assert [p.name for p in directory.paths()] == [
         "results.json", "results.md", "acceptance.png", "requests.jsonl"
     ]  # fmt: skip
-    assert BenchResult.model_validate_json(directory.results_path.read_text()) == result
+    saved = BenchResult.model_validate_json(directory.results_path.read_text())
+    assert saved.model_copy(update={"pid": None, "host": None}) == result
+    assert saved.pid == os.getpid() and saved.host  # who wrote it, to tell a run that died
     assert directory.plot_path.read_bytes()[:4] == b"\x89PNG"
     lines = [json.loads(x) for x in directory.requests_path.read_text().splitlines()]
     assert len(lines) == 24 and {line["run"] for line in lines} == {1, 2}

@@ -194,8 +194,65 @@ def test_started_at_is_the_start_and_a_failed_rerun_keeps_the_earlier_results(
     started = datetime.datetime.fromisoformat(saved["started_at"])
     finished = datetime.datetime.fromisoformat(saved["finished_at"])
     assert (finished - started).total_seconds() >= 2  # 6 requests of 8 x 50 ms
+
     # A later run into the same folder that cannot reach its server loses nothing.
-    kept = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    def files() -> dict[str, bytes]:  # (the lock file names the run holding the folder)
+        return {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name[0] != "."}
+
+    kept = files()
     again = bench("http://127.0.0.1:9", out, "--concurrency", "1")
     assert again.returncode == 2 and "cannot reach" in again.stderr
-    assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == kept
+    assert files() == kept
+
+
+def slow_run(server: str, out: Path) -> subprocess.Popen[str]:
+    """A bench of 40 requests against the 50 ms-a-token server: seconds of a running run."""
+    return subprocess.Popen(
+        command(f"{server}/slow", out, *load("1", 40, 1, 0, 4)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+
+
+def test_a_run_killed_9_reads_died_and_a_rerun_into_its_out_loses_none_of_it(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    """kill -9 left results.json `running` forever, and a re-run into the same --out truncated
+    the earlier requests.jsonl (8 lines to 4). Now the earlier run is kept whole under
+    earlier/, and it reads `died`."""
+    from dflash_ops.bench.core.result_file import read_result
+
+    out = tmp_path / "out"
+    first = slow_run(scripted_server, out)
+    try:
+        wait_for_lines(out, 3, first, 60)
+        while not (out / "results.json").is_file():  # written after the first pass starts
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait(timeout=10)
+    before = (out / "requests.jsonl").read_text().splitlines()
+    assert read_result(out / "results.json").status == "died"
+    again = bench(f"{scripted_server}/slow", out, *load("1", 2, 1, 0, 4))
+    assert again.returncode == 0, again.stderr
+    (kept,) = (out / "earlier").iterdir()
+    assert f"an earlier run in {out} is kept in {kept}" in again.stderr
+    assert (kept / "requests.jsonl").read_text().splitlines()[: len(before)] == before
+    assert all(json.loads(line) for line in (kept / "requests.jsonl").read_text().splitlines())
+    assert read_result(kept / "results.json").status == "died"
+    assert "**Died**" not in (out / "results.md").read_text()
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 2
+
+
+def test_two_runs_cannot_share_one_out(scripted_server: str, tmp_path: Path) -> None:
+    """Both exited 0 and the first's records were gone."""
+    out = tmp_path / "out"
+    first = slow_run(scripted_server, out)
+    try:
+        wait_for_lines(out, 1, first, 60)
+        second = bench(f"{scripted_server}/slow", out, *load("1", 2, 1, 0, 4))
+        assert second.returncode == 2
+        assert "cannot write a benchmark there: `dflash-serve bench" in second.stderr
+        assert f"(pid {first.pid}) is working on {out}" in second.stderr
+    finally:
+        first.kill()
+        first.wait(timeout=10)

@@ -687,8 +687,8 @@ def test_a_second_command_on_a_state_directory_is_refused_naming_the_first(
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from pathlib import Path; "
-         "from dflash_ops.local import state_lock; "
-         "ctx = state_lock.holding(Path(sys.argv[1]), 'start the stack'); ctx.__enter__(); "
+         "from dflash_ops import directory_lock; "
+         "ctx = directory_lock.holding(Path(sys.argv[1]), 'start the stack'); ctx.__enter__(); "
          "print('held', flush=True); time.sleep(300)",
          str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
@@ -795,10 +795,10 @@ def test_status_from_another_directory_says_where_the_stack_runs(
 
 def test_a_key_rotation_beside_another_command_is_refused(tmp_path: Path) -> None:
     """Two `local rotate-key` at once could lose a key (one said done, then 401)."""
-    from dflash_ops.local import state_lock
+    from dflash_ops import directory_lock
 
     with (
-        state_lock.holding(tmp_path, "rotate the key"),
+        directory_lock.holding(tmp_path, "rotate the key"),
         pytest.raises(UserError, match=r"cannot rotate the key: `dflash-serve[^`]*` \(pid"),
     ):
         stack.rotate_key(tmp_path, None)

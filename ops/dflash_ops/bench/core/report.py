@@ -24,6 +24,8 @@ STATUS_LINES = {
     "running": "**Running**: the levels below are those finished so far.",
     "interrupted": "**Interrupted**: the run was stopped; the levels below are what it measured.",
     "failed": "**Stopped early**: the levels below are what was measured before it stopped.",
+    "died": "**Died**: its process ended without a word (kill -9, a crash, the machine); the "
+    "levels below are what it had written.",
 }
 
 

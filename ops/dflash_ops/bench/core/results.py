@@ -13,7 +13,7 @@ from dflash_ops.bench.core.sampling import Sampling
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How a run ended: every level measured, stopped by the user, or stopped by a failure.
-RunStatus = Literal["running", "complete", "interrupted", "failed"]
+RunStatus = Literal["running", "complete", "interrupted", "failed", "died"]
 # How a request's output tokens were counted: the server's usage chunk, or the model's tokenizer.
 TokenCountSource = Literal["usage", "tokenizer"]
 
@@ -411,3 +411,5 @@ class BenchResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
     lossless: LosslessCheck | None = None
     sampled_lossless: list[SampledLosslessCheck] | None = None
+    pid: int | None = Field(default=None, description="the process writing it, while it runs")
+    host: str | None = Field(default=None, description="the machine that process runs on")

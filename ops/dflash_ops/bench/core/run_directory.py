@@ -16,13 +16,18 @@ server leaves the previous run's files in place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import shutil
+import os
+import re
 import signal
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from dflash_ops import directory_lock
 from dflash_ops.bench.core import report, vllm_export
 from dflash_ops.bench.core.atomic_files import replace_text
 from dflash_ops.bench.core.client import RequestRecord
@@ -66,6 +71,11 @@ class RunDirectory:
         self.save_result, self.result_filename = save_result, result_filename
         self.lines: list[dict[str, Any]] = []
         out.mkdir(parents=True, exist_ok=True)
+        # One run writes a folder at a time: a second is refused, naming the first.
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(
+            directory_lock.holding(out, "write a benchmark there", directory_lock.RUN_LOCK)
+        )
         self.requests_path = out / "requests.jsonl"
         self.results_path = out / "results.json"
         self.markdown_path = out / "results.md"
@@ -75,12 +85,27 @@ class RunDirectory:
 
     def _start(self) -> TextIO:
         if self._requests is None:
-            # Files of an earlier run into the same folder must not pass for this run's.
-            for stale in (self.results_path, self.markdown_path, self.plot_path):
-                stale.unlink(missing_ok=True)
-            shutil.rmtree(self.out / vllm_export.FOLDER, ignore_errors=True)
+            # An earlier run's files must not pass for this run's, nor be lost: kept whole
+            # under earlier/ (a run killed -9 included: it reads `died` there).
+            self._keep_earlier()
             self._requests = self.requests_path.open("w", encoding="utf-8")
         return self._requests
+
+    def _keep_earlier(self) -> None:
+        names = [*RUN_FILES, vllm_export.FOLDER]
+        present = [self.out / name for name in names if (self.out / name).exists()]
+        if not present:
+            return
+        started = "unknown-start"
+        with contextlib.suppress(OSError, ValueError):
+            started = json.loads(self.results_path.read_text())["started_at"]
+        keep = self.out / EARLIER / re.sub(r"[^0-9A-Za-z.-]", "-", str(started))
+        while keep.exists():
+            keep = keep.with_name(keep.name + "-again")
+        keep.mkdir(parents=True)
+        for path in present:
+            path.rename(keep / path.name)
+        print(f"an earlier run in {self.out} is kept in {keep}", file=sys.stderr)
 
     def record(self, label: str, run: int, record: RequestRecord) -> None:
         requests = self._start()
@@ -92,6 +117,8 @@ class RunDirectory:
     def save(self, result: BenchResult) -> None:
         """results.json and results.md as of now; the plot too once the run has ended."""
         self._start()
+        # Who writes it: a reader tells a run that died (kill -9) from one still running.
+        result = result.model_copy(update={"pid": os.getpid(), "host": socket.gethostname()})
         save_json(self.results_path, result.model_dump_json(indent=2))
         replace_text(self.markdown_path, report.markdown(result))
         vllm_export.write(self.out, result, self.lines, self.save_result, self.result_filename)
@@ -103,12 +130,16 @@ class RunDirectory:
 
     @staticmethod
     def existing(out: Path) -> list[Path]:
-        names = ("results.json", "results.md", "acceptance.png", "requests.jsonl")
-        return [out / name for name in names if (out / name).exists()]
+        return [out / name for name in RUN_FILES if (out / name).exists()]
 
     def close(self) -> None:
         if self._requests is not None:
             self._requests.close()
+        self._lock.close()
+
+
+RUN_FILES = ("results.json", "results.md", "acceptance.png", "requests.jsonl")
+EARLIER = "earlier"
 
 
 def save_json(path: Path, text: str) -> None:

@@ -105,7 +105,8 @@ class LocalDeployer:
         engine_timeout_s: float = 600.0,
         models: LocalModels = "tiny",
     ) -> None:
-        from dflash_ops.local import stack, state_lock
+        from dflash_ops import directory_lock
+        from dflash_ops.local import stack
 
         self.state_dir = state_dir
         self.engine_port, self.sidecar_port = engine_port, sidecar_port
@@ -116,7 +117,7 @@ class LocalDeployer:
         # stack's own lock only while they work). Released by finish(), or when this exits.
         self._owner = contextlib.ExitStack()
         self._owner.enter_context(
-            state_lock.holding(state_dir, "run a sweep", state_lock.OWNER_LOCK)
+            directory_lock.holding(state_dir, "run a sweep", directory_lock.OWNER_LOCK)
         )
         running = stack.load_state(state_dir)
         if running is not None and not (state_dir / SWEEP_MARKER).is_file():

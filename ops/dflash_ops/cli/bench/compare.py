@@ -34,6 +34,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from dflash_ops.bench.core import report
+    from dflash_ops.bench.core.result_file import read_result
     from dflash_ops.bench.core.results import BenchResult
     from dflash_ops.files import read_text
 
@@ -44,7 +45,8 @@ def run_compare(args: argparse.Namespace) -> int:
         path = _results_path(given)
         text = read_text(path, "results (a results.json or its directory)")
         try:
-            result = BenchResult.model_validate_json(text)
+            BenchResult.model_validate_json(text)
+            result = read_result(path)  # a run killed mid-way reads `died`, not `running`
         except ValidationError as err:
             detail = err.errors()[0]["msg"]
             raise UserError(f"{path} is not a dflash-serve results.json: {detail}") from None

@@ -1,7 +1,8 @@
-"""One command at a time on a state directory. `local up`, `down` and `rotate-key` change the
-stack and its `state.json`; two of them at once start two engines for one port or stop what the
-other just started. Each holds an exclusive lock on the directory while it works; a second one
-is refused in one line naming the command that holds it (its pid and what it was run as).
+"""One command at a time on a directory. `local up`, `down` and `rotate-key` change the stack and
+its `state.json`; two of them at once start two engines for one port or stop what the other just
+started. A bench writes its --out for its whole run; two into one folder lose each other's
+records. Each holds an exclusive lock on the directory while it works; a second one is refused
+in one line naming the command that holds it (its pid and what it was run as).
 
 The lock is `flock` on a file in the directory: the kernel drops it when its holder exits, even
 by kill -9, so a dead command never leaves the directory locked. The file descriptor is not
@@ -22,6 +23,7 @@ from dflash_ops.errors import UserError
 
 STACK_LOCK = ".lock"  # up, down, rotate-key: one change of the stack at a time
 OWNER_LOCK = ".owner.lock"  # a command that runs stacks in the directory for its whole run
+RUN_LOCK = ".bench.lock"  # a bench writing its --out
 
 
 def _holder(path: Path) -> str:
