@@ -6,7 +6,7 @@
 /slow/...       streams one chunk every 50 ms
 /good/...       the instant server without speculative counters (a lossless reference)
 /other/...      like /good, other tokens
-/hang/...       chat requests are accepted and never answered
+/hang/...       chat requests (and /metrics) are accepted and never answered
 /no-usage/...   streams content and never a usage chunk
 /restarting/... speculative counters that start again from zero at the 6th chat request (an
                 engine restart); they count requests served since the (re)start: 10 drafts,
@@ -146,6 +146,8 @@ def scripted() -> web.Application:
     async def hang_chat(request: web.Request) -> web.Response:
         await asyncio.sleep(3600)
         return web.Response(status=500)
+
+    app.router.add_get("/hang/metrics", hang_chat)  # a replica whose /metrics never answers
 
     async def no_usage_chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()

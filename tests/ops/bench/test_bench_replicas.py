@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from dflash_ops.bench.core import report
-from dflash_ops.bench.core.client import Endpoint
+from dflash_ops.bench.core.client import METRICS_TIMEOUT_S, Endpoint
 from dflash_ops.bench.core.runner import Level, Target, run_bench
 
 from tests.ops.bench.conftest import serve
@@ -69,7 +69,8 @@ def test_counters_are_summed_over_the_replicas_and_each_share_reported(
     spec = level.spec_decode
     assert spec is not None and spec.mean_acceptance_length is not None
     text = report.markdown(result)
-    assert "Counters summed over 2 engine(s)" in text
+    assert "Counters read from 2 engine(s)" in text
+    assert level.engines_counted == sorted(replicas) and level.engines_unread == []
     assert "requests finished per engine" in text
 
 
@@ -97,3 +98,28 @@ def test_a_bad_metrics_url_is_refused_by_name(replicas: list[str]) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "--metrics-url" in bad.stderr
+
+
+def test_a_replica_whose_metrics_hang_is_left_out_by_name_within_seconds(
+    router: str, replicas: list[str], scripted_server: str
+) -> None:
+    """A hung /metrics stalled the run for the request timeout (66.8 s for 0.6 s of requests),
+    and results.md still said the counters were summed over every engine."""
+    import time
+
+    hung = f"{scripted_server}/hang"
+    started = time.monotonic()
+    result = asyncio.run(
+        run_bench(
+            Target(router),
+            [Level(concurrency=2)],
+            settings(repeats=1, metrics_urls=[*replicas, hung]),
+        )
+    )
+    # Two snapshots (before and after the pass), each waiting at most METRICS_TIMEOUT_S for it.
+    assert time.monotonic() - started < 4 * METRICS_TIMEOUT_S + 10
+    (level,) = result.levels
+    assert level.engines_unread == [hung] and level.engines_counted == sorted(replicas)
+    assert level.spec_decode is not None  # the two that answered
+    text = report.markdown(result)
+    assert f"left out, its /metrics unread at some snapshot: {hung}" in text

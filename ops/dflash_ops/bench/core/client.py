@@ -53,6 +53,12 @@ COMPLETIONS_PATH: ApiPath = "/v1/completions"
 MAX_TOKENS_PER_CHUNK = 1 + MAX_K
 
 
+# A /metrics read has its own short deadline, apart from --request-timeout: a replica whose
+# page hangs is left out of that snapshot (and named), not waited for for minutes.
+METRICS_TIMEOUT_S = 5.0
+METRICS_TIMEOUT = aiohttp.ClientTimeout(total=METRICS_TIMEOUT_S)
+
+
 def usage_count(usage: Any, key: str) -> int:
     """A usage field as a count: a whole number >= 0 (absent or null: 0); anything else is a
     malformed stream (ValueError), never believed."""
@@ -162,9 +168,11 @@ class Endpoint:
         if self._session is not None:
             await self._session.close()
 
-    async def _get(self, path: str) -> tuple[int, str]:
+    async def _get(
+        self, path: str, timeout: aiohttp.ClientTimeout | None = None
+    ) -> tuple[int, str]:
         try:
-            async with self.session.get(self.base_url + path) as reply:
+            async with self.session.get(self.base_url + path, timeout=timeout) as reply:
                 return reply.status, await reply.text()
         except (aiohttp.ClientError, TimeoutError) as err:
             raise UserError(
@@ -222,7 +230,12 @@ class Endpoint:
             )
 
     async def metrics_text(self) -> str | None:
-        status, text = await self._get("/metrics")
+        """The target's /metrics page, or None if it does not answer within METRICS_TIMEOUT_S
+        (a hung page must not stall the run for the request timeout)."""
+        try:
+            status, text = await self._get("/metrics", METRICS_TIMEOUT)
+        except UserError:
+            return None
         return text if status == 200 else None
 
     async def metrics_pages(self) -> dict[str, str | None]:
@@ -232,7 +245,7 @@ class Endpoint:
         pages: dict[str, str | None] = {}
         for url in self.metrics_urls:
             try:
-                async with self.session.get(url + "/metrics") as reply:
+                async with self.session.get(url + "/metrics", timeout=METRICS_TIMEOUT) as reply:
                     pages[url] = await reply.text() if reply.status == 200 else None
             except (aiohttp.ClientError, TimeoutError):
                 pages[url] = None

@@ -100,10 +100,15 @@ def markdown(result: BenchResult) -> str:
             )
     lines += _categories(result)
     if s.metrics_urls:
-        lines += [
-            "",
-            f"Counters summed over {len(s.metrics_urls)} engine(s): {', '.join(s.metrics_urls)}.",
-        ]
+        lines += ["", f"Counters read from {len(s.metrics_urls)} engine(s): "
+                  f"{', '.join(s.metrics_urls)}."]  # fmt: skip
+        for level in result.levels:
+            if level.engines_unread:
+                lines.append(
+                    f"- {level.label}: summed over {', '.join(level.engines_counted) or 'none'}; "
+                    f"left out, its /metrics unread at some snapshot: "
+                    f"{', '.join(level.engines_unread)}"
+                )
         for level in result.levels:
             if level.replica_share:
                 shares = ", ".join(f"{url} {v:.0%}" for url, v in level.replica_share.items())

@@ -191,6 +191,15 @@ class LevelResult(BaseModel):
     partial: str | None = Field(
         default=None, description="why the level stopped before its last run, if it did"
     )
+    engines_counted: list[str] = Field(
+        default_factory=list,
+        description="the engines whose /metrics were read at every snapshot of the level: the "
+        "acceptance and prefix-cache figures are theirs",
+    )
+    engines_unread: list[str] = Field(
+        default_factory=list,
+        description="engines whose /metrics did not answer (in time) at some snapshot: left out",
+    )
     categories: dict[str, CategoryFigures] | None = Field(
         default=None,
         description="per prompt category (spec_bench): requests, and tokens per streamed step",

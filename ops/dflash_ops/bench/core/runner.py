@@ -128,6 +128,9 @@ class Snapshot:
     prefix: tuple[float, float] | None  # (hit tokens, queried tokens)
     # Finished requests per engine counted (--metrics-url), for each replica's share.
     finished: dict[str, float] = field(default_factory=dict)
+    # The engines whose page was read, and those whose was not (hung, refused, an error).
+    read: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,8 @@ class LevelProgress:
     records: list[RequestRecord] = field(default_factory=list)
     first: Snapshot | None = None
     last: Snapshot | None = None
+    engines_read: set[str] = field(default_factory=set)
+    engines_unread: set[str] = field(default_factory=set)
     restarted_runs: list[int] = field(default_factory=list)
     # The counter increase of each run with acceptance figures, and why the others have none.
     deltas: list[Delta] = field(default_factory=list)
@@ -330,6 +335,11 @@ class LevelProgress:
     pass_kept: int = 0  # records before the pass in progress
     pass_started: float = 0.0
     running_samples: list[float] = field(default_factory=list)
+
+    def saw(self, taken: Snapshot) -> None:
+        """Which engines' pages this snapshot read, and which it could not."""
+        self.engines_read |= set(taken.read)
+        self.engines_unread |= set(taken.unread)
 
     def result(self) -> LevelResult | None:
         """None while nothing was measured."""
@@ -403,6 +413,8 @@ class LevelProgress:
             partial=self.partial,
             notes=notes,
             categories=by_category(ok),
+            engines_counted=sorted(self.engines_read - self.engines_unread),
+            engines_unread=sorted(self.engines_unread),
         )
 
 
@@ -421,7 +433,11 @@ def snapshot_of(pages: dict[str, str | None], at: float) -> Snapshot:
         for url, text in pages.items()
         if (n := Endpoint.finished_requests_of(text)) is not None
     }
-    return Snapshot(series, speculating, Endpoint.prefix_cache_of(*pages.values()), finished)
+    read = tuple(url for url, text in pages.items() if text is not None)
+    unread = tuple(url for url, text in pages.items() if text is None)
+    return Snapshot(
+        series, speculating, Endpoint.prefix_cache_of(*pages.values()), finished, read, unread
+    )
 
 
 async def snapshot(endpoint: Endpoint) -> Snapshot:
@@ -468,6 +484,7 @@ async def run_level(
     state = state if state is not None else LevelProgress(level, settings.goodput)
     label = level_label(level)
     state.first = state.last = await snapshot(endpoint)
+    state.saw(state.first)
     for repeat in range(settings.repeats):
         progress = Progress(
             f"{label}, run {repeat + 1}/{settings.repeats}:", settings.requests_in_run(repeat)
@@ -492,6 +509,7 @@ async def run_level(
             state.partial = outcome.stop_reason
             break
         after = state.last = await snapshot(endpoint)
+        state.saw(after)
         counted = increase(before, after)
         if counted.restarted:
             state.restarted_runs.append(repeat + 1)
