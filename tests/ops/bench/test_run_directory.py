@@ -256,3 +256,39 @@ def test_two_runs_cannot_share_one_out(scripted_server: str, tmp_path: Path) -> 
     finally:
         first.kill()
         first.wait(timeout=10)
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 96 KiB tmpfs: a disk that fills in the middle of a run."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"a full disk needs a small tmpfs, and mount was refused here: {done.stderr}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_the_run_in_one_line_and_keeps_every_record_whole(
+    instant_server: str, small_disk: Path
+) -> None:
+    """It gave chained tracebacks and a cut-off last record."""
+    out = small_disk / "out"
+    done = bench(instant_server, out, *load("1,2", 2000, 1, 0, 16))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "cannot write there (No space left on device)" in last, last
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(line)["ok"] for line in lines)  # every one whole
+    assert (out / "requests.jsonl").read_bytes().endswith(b"\n")
+    if (out / "results.json").is_file():  # the last one written whole, read as ended
+        from dflash_ops.bench.core.result_file import read_result
+
+        assert read_result(out / "results.json").status in ("failed", "died")

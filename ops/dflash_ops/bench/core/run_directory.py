@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import io
 import json
 import os
 import re
@@ -25,7 +27,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn
 
 from dflash_ops import directory_lock
 from dflash_ops.bench.core import report, vllm_export
@@ -33,7 +35,8 @@ from dflash_ops.bench.core.atomic_files import replace_text
 from dflash_ops.bench.core.client import RequestRecord
 from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
-from dflash_ops.bench.core.runner import Level, LevelPlan, Target, run_bench
+from dflash_ops.bench.core.runner import Level, LevelPlan, Target, now_iso, run_bench
+from dflash_ops.errors import UserError
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -80,15 +83,20 @@ class RunDirectory:
         self.results_path = out / "results.json"
         self.markdown_path = out / "results.md"
         self.plot_path = out / "acceptance.png"
-        self._requests: TextIO | None = None
+        # Unbuffered: a record is on disk when record() returns, and a write that fails leaves
+        # no half line behind in a buffer.
+        self._requests: io.FileIO | None = None
+        self._whole = 0  # bytes of requests.jsonl that are whole records
+        self._last: BenchResult | None = None
+        self._failed: str | None = None
         self.origin = time.perf_counter()
 
-    def _start(self) -> TextIO:
+    def _start(self) -> io.FileIO:
         if self._requests is None:
             # An earlier run's files must not pass for this run's, nor be lost: kept whole
             # under earlier/ (a run killed -9 included: it reads `died` there).
             self._keep_earlier()
-            self._requests = self.requests_path.open("w", encoding="utf-8")
+            self._requests = io.FileIO(self.requests_path, "w")
         return self._requests
 
     def _keep_earlier(self) -> None:
@@ -108,22 +116,58 @@ class RunDirectory:
         print(f"an earlier run in {self.out} is kept in {keep}", file=sys.stderr)
 
     def record(self, label: str, run: int, record: RequestRecord) -> None:
-        requests = self._start()
+        if self._failed:
+            return  # a write failed: the run is stopping, nothing more is written
         line = request_line(label, run, record, self.origin)
         self.lines.append(line)
-        requests.write(json.dumps(line, separators=(",", ":")) + "\n")
-        requests.flush()
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        try:
+            requests = self._start()
+            while data:  # a full disk may take a part of it, then refuse the rest
+                written = requests.write(data)
+                if not written:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                data = data[written:]
+        except OSError as err:
+            self._cannot_write(err)
+        self._whole = requests.tell()
 
     def save(self, result: BenchResult) -> None:
         """results.json and results.md as of now; the plot too once the run has ended."""
-        self._start()
         # Who writes it: a reader tells a run that died (kill -9) from one still running.
+        if self._failed:
+            return
         result = result.model_copy(update={"pid": os.getpid(), "host": socket.gethostname()})
-        save_json(self.results_path, result.model_dump_json(indent=2))
-        replace_text(self.markdown_path, report.markdown(result))
-        vllm_export.write(self.out, result, self.lines, self.save_result, self.result_filename)
-        if result.status != "running":
-            report.plot(result, self.plot_path)
+        self._last = result
+        try:
+            self._start()
+            save_json(self.results_path, result.model_dump_json(indent=2))
+            replace_text(self.markdown_path, report.markdown(result))
+            vllm_export.write(self.out, result, self.lines, self.save_result, self.result_filename)
+            if result.status != "running":
+                report.plot(result, self.plot_path)
+        except OSError as err:
+            self._cannot_write(err)
+
+    def _cannot_write(self, err: OSError) -> NoReturn:
+        """A write failed (a full disk): requests.jsonl is cut back to its last whole record,
+        results.json says the run failed if it still can, and the run ends in one line."""
+        why = f"--out {self.out}: cannot write there ({err.strerror or err})"
+        self._failed = why
+        if self._requests is not None:
+            with contextlib.suppress(OSError):
+                self._requests.truncate(self._whole)
+                self._requests.close()
+            self._requests = None
+        if self._last is not None:
+            failed = self._last.model_copy(
+                update={"status": "failed", "stop_reason": why, "finished_at": now_iso()}
+            )
+            with contextlib.suppress(OSError):
+                save_json(self.results_path, failed.model_dump_json(indent=2))
+        raise UserError(
+            f"{why}; the run stops, every request recorded before is whole in {self.requests_path}"
+        )
 
     def paths(self) -> list[Path]:
         return RunDirectory.existing(self.out)
@@ -134,7 +178,8 @@ class RunDirectory:
 
     def close(self) -> None:
         if self._requests is not None:
-            self._requests.close()
+            with contextlib.suppress(OSError):
+                self._requests.close()
         self._lock.close()
 
 
