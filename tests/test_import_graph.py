@@ -1,6 +1,7 @@
 """The project's import graph, read from the sources: no circles, the CLI on top (nothing imports
-`dflash_ops.cli` but the CLI itself), the benchmark's core below its experiments, and the patch
-tool standing alone (the engine image installs it without the operations code).
+`dflash_ops.cli` but the CLI itself), the benchmark's core below its experiments, the patch
+tool standing alone (the engine image installs it without the operations code), and no module
+over 600 lines (one job each).
 
 Every import counts, at module level or inside a function (a lazy import is still an arrow), and
 each test that adds one forbidden import to the real sources shows the rule catches it."""
@@ -116,7 +117,19 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 )
             if within(module, "dflash_patches") and within(target, "dflash_ops"):
                 found.append(f"{module} imports {target}: the patch tool stands alone")
+    for module, text in sorted(sources.items()):
+        lines = text.count("\n")
+        if lines > MAX_MODULE_LINES and module not in LONG_MODULES:
+            found.append(
+                f"{module} has {lines} lines: a module over {MAX_MODULE_LINES} holds more "
+                "than one job; split it"
+            )
     return found
+
+
+# A module a newcomer can hold: one job each. LONG_MODULES names the exceptions (none).
+MAX_MODULE_LINES = 600
+LONG_MODULES: frozenset[str] = frozenset()
 
 
 def test_the_sources_keep_every_rule() -> None:
@@ -134,6 +147,14 @@ def test_lazy_and_from_imports_are_arrows() -> None:
 
 
 # Each import a rule forbids, put back into the real sources: (module, line, what is reported).
+def test_a_module_over_the_size_is_a_violation() -> None:
+    sources = {"pkg.small": "x = 1\n" * 10, "pkg.big": "x = 1\n" * (MAX_MODULE_LINES + 1)}
+    assert violations(sources) == [
+        f"pkg.big has {MAX_MODULE_LINES + 1} lines: a module over {MAX_MODULE_LINES} holds "
+        "more than one job; split it"
+    ]
+
+
 PUT_BACK = [
     pytest.param(
         "dflash_ops.chart.generated_files",
