@@ -53,6 +53,9 @@ COMPLETIONS_PATH: ApiPath = "/v1/completions"
 MAX_TOKENS_PER_CHUNK = 1 + MAX_K
 
 
+# Below uvicorn's timeout_keep_alive (5 s), the server vLLM's API runs on.
+KEEPALIVE_S = 3.0
+
 # A /metrics read has its own short deadline, apart from --request-timeout: a replica whose
 # page hangs is left out of that snapshot (and named), not waited for for minutes.
 METRICS_TIMEOUT_S = 5.0
@@ -160,7 +163,13 @@ class Endpoint:
             self._session = aiohttp.ClientSession(
                 timeout=self.timeout,
                 headers=self.headers,
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                # An idle connection is reused only while the server still keeps it: uvicorn
+                # (vLLM's API server) closes one idle for 5 s, and aiohttp keeps it 15 s by
+                # default, so a request after a pause (a tokenizer loading, a snapshot) went out
+                # on a closed connection: ServerDisconnectedError, a request lost.
+                connector=aiohttp.TCPConnector(
+                    limit=0, force_close=False, keepalive_timeout=KEEPALIVE_S
+                ),
             )
         return self._session
 
