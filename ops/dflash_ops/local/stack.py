@@ -475,10 +475,12 @@ def _stop_strays(state_dir: Path, quiet: bool, known: set[int] | None = None) ->
 def status(state_dir: Path) -> list[dict[str, object]]:
     state = load_state(state_dir)
     rows: list[dict[str, object]] = []
+    recorded: set[int] = set()  # every process the records account for
     for record in state.processes if state else []:
         probe = READY_PATHS[kind_of(record.name)]
         running = alive(record)
         members = group_members(record)
+        recorded.update(members)
         rows.append(
             {
                 "name": record.name,
@@ -494,7 +496,6 @@ def status(state_dir: Path) -> list[dict[str, object]]:
         )
     # Processes of this stack no record names (a `local up` killed before writing them down):
     # leftovers too, so status shows every process of the stack; `local down` stops them.
-    recorded = {m for r in (state.processes if state else []) for m in group_members(r)}
     groups: dict[int, list[int]] = {}
     for pid in strays(scope_of(state_dir), recorded):
         with contextlib.suppress(ProcessLookupError):

@@ -5,9 +5,9 @@
   were counted, a digest of the output text, the error if any);
 - `results.json` and `results.md`: rewritten after every pass and level, atomically (a reader
   never sees half a file), with `status` running / complete / interrupted / failed;
-- `acceptance.png`: drawn once, when the run ends;
+- `acceptance.png`: drawn once, when the run ends (finished, interrupted or failed);
 - `vllm/<level>/run=N.json` and `summary.json`: each pass in `vllm bench serve`'s format
-  (`vllm_export`), rewritten with results.json.
+  (`vllm_export`), written then too.
 
 The folder is touched only once the run has something to write: a run that cannot reach its
 server leaves the previous run's files in place.
@@ -89,6 +89,7 @@ class RunDirectory:
         self._whole = 0  # bytes of requests.jsonl that are whole records
         self._last: BenchResult | None = None
         self._failed: str | None = None
+        self._writer = {"pid": os.getpid(), "host": socket.gethostname()}
         self.origin = time.perf_counter()
 
     def _start(self) -> io.FileIO:
@@ -134,17 +135,19 @@ class RunDirectory:
 
     def save(self, result: BenchResult) -> None:
         """results.json and results.md as of now; the plot too once the run has ended."""
-        # Who writes it: a reader tells a run that died (kill -9) from one still running.
         if self._failed:
             return
-        result = result.model_copy(update={"pid": os.getpid(), "host": socket.gethostname()})
+        # Who writes it: a reader tells a run that died (kill -9) from one still running.
+        result = result.model_copy(update=self._writer)
         self._last = result
         try:
             self._start()
             save_json(self.results_path, result.model_dump_json(indent=2))
             replace_text(self.markdown_path, report.markdown(result))
-            vllm_export.write(self.out, result, self.lines, self.save_result, self.result_filename)
-            if result.status != "running":
+            if result.status != "running":  # the vLLM files and the plot, once, at the end
+                vllm_export.write(
+                    self.out, result, self.lines, self.save_result, self.result_filename
+                )
                 report.plot(result, self.plot_path)
         except OSError as err:
             self._cannot_write(err)

@@ -426,14 +426,22 @@ def needs_bench_extra() -> None:
 
 
 DEFAULT_INPUT_LEN = 256  # tokens (vllm bench serve: 1024; this CPU engine is slow)
-RANDOM_FLAGS = ("input_len", "random_output_len", "random_range_ratio", "random_prefix_len")
+# The flags that shape one prompt set only, by destination: (the flag, the set it shapes).
+SET_FLAGS = {
+    "random_output_len": ("--random-output-len", "random"),
+    "random_range_ratio": ("--random-range-ratio", "random"),
+    "random_prefix_len": ("--random-prefix-len", "random"),
+    "spec_bench_category": ("--spec-bench-category", "spec_bench"),
+    "spec_bench_output_len": ("--spec-bench-output-len", "spec_bench"),
+}
 
 
 def resolve_dataset(args: argparse.Namespace) -> None:
     """--dataset-name as given; left out, `fixed`, or `random` when a --random-* flag shapes it
     (vllm bench serve's default set is random: `bench --random-output-len 32` means it)."""
     if args.dataset_name is None:
-        shaped = any(getattr(args, flag, None) is not None for flag in RANDOM_FLAGS)
+        random = ["input_len", *(d for d, (_, name) in SET_FLAGS.items() if name == "random")]
+        shaped = any(getattr(args, dest, None) is not None for dest in random)
         args.dataset_name = "random" if shaped and args.dataset_path is None else "fixed"
 
 
@@ -448,24 +456,13 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
             "--dataset-path is read by --dataset-name custom, sharegpt or spec_bench, not "
             f"{args.dataset_name}"
         )
-    for flag, value in (
-        ("--spec-bench-category", args.spec_bench_category),
-        ("--spec-bench-output-len", args.spec_bench_output_len),
-    ):
-        if value is not None and args.dataset_name != "spec_bench":
-            raise UserError(f"{flag} shapes --dataset-name spec_bench only")
     if args.prefix_groups > 1 and args.dataset_name != "shared-prefix":
         raise UserError("--prefix-groups shapes --dataset-name shared-prefix only")
-    random_only = {
-        "--random-output-len": args.random_output_len,
-        "--random-range-ratio": args.random_range_ratio,
-        "--random-prefix-len": args.random_prefix_len,
-    }
-    for flag, value in random_only.items():
-        if value is not None and args.dataset_name != "random":
+    for dest, (flag, name) in SET_FLAGS.items():
+        if getattr(args, dest) is not None and args.dataset_name != name:
             raise UserError(
-                f"{flag} shapes --dataset-name random only, not {args.dataset_name}"
-                + (": use --max-tokens" if flag == "--random-output-len" else "")
+                f"{flag} shapes --dataset-name {name} only, not {args.dataset_name}"
+                + (": use --max-tokens" if dest.endswith("output_len") else "")
             )
     total = args.num_prompts
     if total is not None and total < args.repeats:
