@@ -23,8 +23,8 @@
                 received
 /hostile/K/...  20 content chunks, then what a broken or lying server sends, by K: choices-object
                 ("choices" an object), usage-infinity, usage-negative, usage-billion (10^9
-                completion tokens), usage-over-max (5,000), usage-over-chunks (321: more than
-                16 a chunk; asks max_tokens 1000 to pass the first check)
+                completion tokens), usage-over-max (5,000); and text-held-back (usage 321, an
+                honest stream whose tokens mostly carried no text of their own)
 /steps/...      streams max_tokens tokens: the first alone, then N per chunk where the prompt
                 says `[steps=N]` (1 otherwise), as a speculating engine streams one chunk a step
 /markov/V/...   sampled token ids (non-streamed, `return_token_ids`) from a fixed Markov chain over
@@ -260,7 +260,7 @@ def scripted() -> web.Application:
             "usage-negative": b'data: {"usage": {"completion_tokens": -5}}',
             "usage-billion": b'data: {"usage": {"completion_tokens": 1000000000}}',
             "usage-over-max": b'data: {"usage": {"completion_tokens": 5000}}',
-            "usage-over-chunks": b'data: {"usage": {"completion_tokens": 321}}',
+            "text-held-back": b'data: {"usage": {"completion_tokens": 321}}',
         }
         await response.write(tails[kind] + b"\n\ndata: [DONE]\n\n")
         return response

@@ -27,7 +27,6 @@ from dflash_ops.bench.core.results import DEFAULT_REQUEST_TIMEOUT_S
 from dflash_ops.bench.core.sampling import Sampling
 from dflash_ops.errors import UserError
 from dflash_ops.urls import check_http_url
-from dflash_ops.vocabulary import MAX_K
 
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}")
 _PREFIX_HITS = re.compile(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\}\s+(\S+)", re.M)
@@ -46,11 +45,6 @@ ErrorKind = Literal["http", "timeout", "connection", "protocol"]
 ApiPath = Literal["/v1/chat/completions", "/v1/completions"]
 CHAT_PATH: ApiPath = "/v1/chat/completions"
 COMPLETIONS_PATH: ApiPath = "/v1/completions"
-
-
-# A speculative step streams at most 1 + k tokens in one chunk, k at most MAX_K (the largest
-# num_speculative_tokens this project runs); more tokens per chunk than that no engine streams.
-MAX_TOKENS_PER_CHUNK = 1 + MAX_K
 
 
 # Below uvicorn's timeout_keep_alive (5 s), the server vLLM's API runs on.
@@ -75,15 +69,13 @@ def usage_count(usage: Any, key: str) -> int:
     return int(value)
 
 
-def impossible_usage(tokens: int, max_tokens: int, chunks: int) -> str | None:
-    """Why a usage count cannot be what was streamed, or None."""
+def impossible_usage(tokens: int, max_tokens: int) -> str | None:
+    """Why a usage count cannot be what was asked for, or None. The request's max_tokens is the
+    only sound bound: the streamed chunks are not one, since vLLM streams no chunk for tokens
+    whose text it holds back (an unfinished UTF-8 character, a possible stop string, a skipped
+    special token) and sends their text, if any, with a later token's."""
     if tokens > max_tokens:
         return f"impossible usage: {tokens} completion tokens for max_tokens {max_tokens}"
-    if tokens > chunks * MAX_TOKENS_PER_CHUNK:
-        return (
-            f"impossible usage: {tokens} completion tokens in {chunks} streamed chunk(s) (at "
-            f"most {MAX_TOKENS_PER_CHUNK} per chunk)"
-        )
     return None
 
 
@@ -422,9 +414,7 @@ class Endpoint:
             record.error = "the stream carried no content"
             record.error_kind = "protocol"
         elif record.token_count_source == "usage" and (
-            impossible := impossible_usage(
-                record.output_tokens, max_tokens, len(record.chunk_times_s)
-            )
+            impossible := impossible_usage(record.output_tokens, max_tokens)
         ):
             # Believed, it would make a figure no stream can give (tok/s of a billion tokens).
             record.ok, record.error, record.error_kind = False, impossible, "protocol"
