@@ -27,8 +27,6 @@ DOOR_JS = DOOR_FILES_DIR / "door.js"
 NJS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
 
 DoorRole = Literal["engine", "router"]
-# A path of the allow-list: segments of URL-safe characters, or {name} for any one segment.
-PATH_PATTERN = r"^(/([A-Za-z0-9_~-][A-Za-z0-9._~-]*|\{[A-Za-z_][A-Za-z0-9_]*\}))+$"
 
 
 @cache
@@ -104,16 +102,6 @@ class DoorConfig(BaseModel):
             "server.conf": server,
             "routes.map": routes,
         }
-
-
-def refused_path(path: str) -> str | None:
-    """Why a path may not be on the allow-list, or None."""
-    if not re.match(PATH_PATTERN, path):
-        return "is not a path of /segments (letters, digits, . _ ~ -) or {name} segments"
-    never = door_paths()["never"]
-    if path in never or any(map_source(n) == map_source(path) for n in never):
-        return "is an admin or unauthenticated route that no client may reach"
-    return None
 
 
 def write_conf(config: DoorConfig, conf_dir: Path) -> Path:

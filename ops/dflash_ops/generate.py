@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_ops.paths import CHART_DIR, DASHBOARDS_DIR, PROFILES_DIR, README, REPO_ROOT
-from dflash_ops.vocabulary import CHART_METHODS, STANDING_ROUTER_POLICIES, chart_vocabulary
+from dflash_ops.vocabulary import (
+    CHART_METHODS,
+    DOOR_PATH_PATTERN,
+    STANDING_ROUTER_POLICIES,
+    chart_vocabulary,
+)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ def _example(profile: Path) -> Callable[[], str]:
 
 def _schema() -> str:
     """values.schema.json with the limits the planner knows (TP sizes and the largest k) and the
-    project's vocabulary (speculative methods and router policies the chart serves)."""
+        project's vocabulary (speculative methods and router policies the chart serves, the grammar of
+    a door path)."""
     from dflash_ops.chart.generated_files import block_size_table
 
     model = block_size_table()["model"]
@@ -61,6 +67,9 @@ def _schema() -> str:
     speculative["numSpeculativeTokens"]["maximum"] = model["maxSpeculativeTokens"]
     speculative["method"]["enum"] = list(CHART_METHODS)
     properties["router"]["properties"]["policy"]["enum"] = list(STANDING_ROUTER_POLICIES)
+    door = properties["door"]["properties"]
+    for paths in ("keyedPaths", "extraKeyedPaths"):
+        door[paths]["items"]["pattern"] = DOOR_PATH_PATTERN
     return json.dumps(schema, indent=2) + "\n"
 
 

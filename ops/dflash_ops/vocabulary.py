@@ -32,6 +32,10 @@ LOCAL_MODELS: tuple[LocalModels, ...] = get_args(LocalModels)
 # The largest num_speculative_tokens planned, rendered and served: a DFlash2 block of 16.
 MAX_K = 15
 
+# A path of the door's allow-list (door.keyedPaths): segments of URL-safe characters, or {name}
+# for any one segment. The chart's schema and its own check read it from here (make generate).
+DOOR_PATH_PATTERN = r"^(/([A-Za-z0-9_~-][A-Za-z0-9._~-]*|\{[A-Za-z_][A-Za-z0-9_]*\}))+$"
+
 # vllm-router 0.1.17's --policy values for plain HTTP workers. kv_aware also reads the engines'
 # KV-cache events (ZMQ), which `bench router-policies` turns on and the chart does not.
 RouterPolicy = Literal[
@@ -59,4 +63,8 @@ def chart_vocabulary() -> dict[str, object]:
     files/block-sizes.yaml, beside the block sizes it bounds)."""
     from dflash_ops.speculative_schedule import OPEN_END
 
-    return {"speculativeMethods": list(CHART_METHODS), "scheduleOpenEnd": OPEN_END}
+    return {
+        "speculativeMethods": list(CHART_METHODS),
+        "scheduleOpenEnd": OPEN_END,
+        "doorPathPattern": DOOR_PATH_PATTERN,
+    }

@@ -187,6 +187,35 @@ def test_what_the_review_found_is_refused_by_name(
         assert name in message, message
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/chat/completions", "/v1/responses/{id}", "/a~b_c-d.e", "/.hidden", "/v1/a b", "/v1/",
+     "v1/models", "/v1/{}", "/v1/{9id}", "/v1/../admin", "/v1/%2e"],
+)  # fmt: skip
+def test_a_door_path_is_judged_by_one_pattern(path: str) -> None:
+    """The grammar of a keyed path is written once (vocabulary.DOOR_PATH_PATTERN) and read by the
+    schema (make generate) and the chart's own check (files/vocabulary.yaml), which is what a
+    render with --skip-schema-validation still runs: all three agree on every path."""
+    import json
+
+    from dflash_ops.chart.helm import helm_binary
+    from dflash_ops.paths import CHART_DIR
+    from dflash_ops.vocabulary import DOOR_PATH_PATTERN
+
+    valid = re.match(DOOR_PATH_PATTERN, path) is not None
+    items = json.loads((CHART_DIR / "values.schema.json").read_text())["properties"]["door"]
+    assert items["properties"]["extraKeyedPaths"]["items"]["pattern"] == DOOR_PATH_PATTERN
+    for skip in ([], ["--skip-schema-validation"]):
+        done = subprocess.run(
+            [helm_binary(), "template", "t", str(CHART_DIR), *skip, "--set-json",
+             f"door.extraKeyedPaths={json.dumps([path])}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert (done.returncode == 0) == valid, (skip, done.stderr[-500:])
+        if not valid:
+            assert path in done.stderr, done.stderr[-500:]
+
+
 def test_long_release_names_keep_their_suffixes_apart() -> None:
     release = "a" * 60
     manifests = render("fullnameOverride=" + release, "distributed.enabled=false")

@@ -97,9 +97,10 @@ KubeRay limits RayCluster names to 53 characters. */}}
 takes traffic from outside the cluster. */}}
 {{- define "dflash-serve.validateDoor" -}}
 {{- $never := (.Files.Get "files/door/paths.yaml" | fromYaml).never -}}
+{{- $pathPattern := (.Files.Get "files/vocabulary.yaml" | fromYaml).doorPathPattern -}}
 {{- range $list := list "keyedPaths" "extraKeyedPaths" -}}
 {{- range (get $.Values.door $list) -}}
-{{- if not (regexMatch `^(/([A-Za-z0-9_~-][A-Za-z0-9._~-]*|\{[A-Za-z_][A-Za-z0-9_]*\}))+$` (toString .)) -}}
+{{- if not (regexMatch $pathPattern (toString .)) -}}
 {{- fail (printf "door.%s lists %q: a path is /segments of letters, digits, '.', '_', '~' or '-' (not starting with '.'), or {name} for any one segment (e.g. /v1/responses/{id})" $list (toString .)) -}}
 {{- end -}}
 {{- $source := include "dflash-serve.doorMapSource" (toString .) -}}

@@ -21,13 +21,11 @@ from pathlib import Path
 import yaml
 
 from dflash_ops.chart.helm import (
-    EXAMPLE_NAMESPACE,
-    EXAMPLE_RELEASE,
     engine_args_in_render,
     helm_template,
 )
-from dflash_ops.chart.values import chart_values, profiles
-from dflash_ops.paths import CHART_FILES_DIR, EXAMPLES_DIR, PROFILES_DIR
+from dflash_ops.chart.values import chart_values
+from dflash_ops.paths import CHART_FILES_DIR, PROFILES_DIR
 from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import load_checkpoint
 from dflash_ops.plan.gpus import GPUS
@@ -194,16 +192,3 @@ def render_readme(text: str) -> str:
         return f"{match.group(1)}```text\n{body}```\n{match.group(4)}"
 
     return README_MARKER.sub(quote, text)
-
-
-def render_examples(out: Path = EXAMPLES_DIR) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in profiles():
-        text = helm_template(
-            [PROFILES_DIR / f"{name}.yaml"], [], EXAMPLE_RELEASE, EXAMPLE_NAMESPACE
-        )
-        path = out / f"{name}.yaml"
-        path.write_text(text)
-        written.append(path)
-    return written

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from dflash_ops.chart.generated_files import render_examples
 from dflash_ops.chart.helm import EXAMPLE_NAMESPACE, EXAMPLE_RELEASE, helm_template
 from dflash_ops.chart.values import add_values_arguments, values_files
 from dflash_ops.cli.arguments import kubernetes_name
@@ -24,18 +23,9 @@ def register(subparsers: Any) -> None:
     add_values_arguments(parser)
     parser.add_argument("--release", type=kubernetes_name, default=EXAMPLE_RELEASE)
     parser.add_argument("--namespace", type=kubernetes_name, default=EXAMPLE_NAMESPACE)
-    parser.add_argument(
-        "--write-examples",
-        action="store_true",
-        help="rewrite charts/dflash-serve/examples/<profile>.yaml for every profile",
-    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.write_examples:
-        for path in render_examples():
-            print(f"wrote {path}", file=sys.stderr)
-        return 0
     sys.stdout.write(helm_template(values_files(args), args.sets, args.release, args.namespace))
     return 0

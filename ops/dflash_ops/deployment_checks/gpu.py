@@ -49,7 +49,6 @@ from dflash_ops.speculative_schedule import parse_schedule
 
 EXPECTED_AUX_LAYERS = "(6, 16, 26, 36, 46)"
 SCHEDULE = "1-2:7,3-:3"
-SEED = {"dflash": (4.08, 224.9), "mtp": (2.98, 180.1)}  # mean acceptance length, tok/s (c=1)
 
 
 @dataclass

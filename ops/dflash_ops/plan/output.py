@@ -13,8 +13,6 @@ from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.planner import DeploymentPlan
 from dflash_ops.speculative_schedule import short_form
 
-FORMATS = ("table", "json", "helm-values")
-
 
 def render_json(plan: DeploymentPlan) -> str:
     return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
