@@ -143,10 +143,3 @@ names near the limit keep their suffixes and stay distinct. Call with (list PREF
 {{- $suffix := index . 1 -}}
 {{- printf "%s-%s" ($prefix | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
 {{- end -}}
-
-{{/* How the door's routes.map matches an allow-list path: a case-sensitive regex of the whole
-path, where a {name} segment stands for any one segment (dflash_ops.door.map_source). nginx
-matches a map's plain strings case-insensitively: /HEALTH would reach what stands behind. */}}
-{{- define "dflash-serve.doorMapSource" -}}
-{{- printf "~^%s$" (regexReplaceAll "\\{[^/}]+\\}" (replace "." "\\." .) "[^/]+") -}}
-{{- end -}}
