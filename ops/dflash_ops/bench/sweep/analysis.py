@@ -123,14 +123,38 @@ def figures(setting: Setting, level: LevelResult) -> PointFigures:
     )
 
 
+# The spread rule, the one the static recommendation and the schedule's verdict share: a point's
+# mean output tok/s plus its stdev against another's mean minus its stdev.
+
+
+def fastest_of(points: list[PointFigures]) -> PointFigures:
+    """The highest mean output tok/s; a tie goes to the smaller k."""
+    return max(points, key=lambda p: (p.output_tokens_per_s, -p.k))
+
+
+def within_spread(point: PointFigures, best: PointFigures) -> bool:
+    """`point`'s mean + stdev reaches `best`'s mean - stdev: the two cannot be told apart."""
+    return (
+        point.output_tokens_per_s + point.output_tokens_per_s_stdev
+        >= best.output_tokens_per_s - best.output_tokens_per_s_stdev
+    )
+
+
+def ahead_beyond_spread(point: PointFigures, other: PointFigures) -> bool:
+    """`point`'s mean - stdev is above `other`'s mean + stdev: ahead beyond both spreads."""
+    return (
+        point.output_tokens_per_s - point.output_tokens_per_s_stdev
+        > other.output_tokens_per_s + other.output_tokens_per_s_stdev
+    )
+
+
 def recommend(points: list[PointFigures]) -> list[LevelRecommendation]:
     levels = list(dict.fromkeys(p.level for p in points))
     out = []
     for label in levels:
         here = [p for p in points if p.level == label]
-        fastest = max(here, key=lambda p: (p.output_tokens_per_s, -p.k))
-        floor = fastest.output_tokens_per_s - fastest.output_tokens_per_s_stdev
-        close = [p for p in here if p.output_tokens_per_s + p.output_tokens_per_s_stdev >= floor]
+        fastest = fastest_of(here)
+        close = [p for p in here if within_spread(p, fastest)]
         # Ties go to the smaller k (fewer KV blocks per request: more requests fit).
         pick = min(close, key=lambda p: (p.k, -p.output_tokens_per_s))
         with_tpot = [p for p in here if p.tpot_p99_ms is not None]
@@ -233,9 +257,7 @@ def verify_schedule(
         here = [p for p in static if p.level == point.level]
         if not here:
             continue
-        best = max(here, key=lambda p: (p.output_tokens_per_s, -p.k))
-        floor = best.output_tokens_per_s - best.output_tokens_per_s_stdev
-        low = point.output_tokens_per_s - point.output_tokens_per_s_stdev
+        best = fastest_of(here)
         levels.append(
             ScheduleLevel(
                 level=point.level,
@@ -247,10 +269,8 @@ def verify_schedule(
                 ratio=point.output_tokens_per_s / best.output_tokens_per_s
                 if best.output_tokens_per_s
                 else 0.0,
-                within_spread=point.output_tokens_per_s + point.output_tokens_per_s_stdev >= floor,
-                ahead_of=[
-                    p.key for p in here if low > p.output_tokens_per_s + p.output_tokens_per_s_stdev
-                ],
+                within_spread=within_spread(point, best),
+                ahead_of=[p.key for p in here if ahead_beyond_spread(point, p)],
             )
         )
     shortfalls = [
