@@ -11,7 +11,7 @@
 /restarting/... speculative counters that start again from zero at the 6th chat request (an
                 engine restart); they count requests served since the (re)start: 10 drafts,
                 30 draft tokens, 15 accepted each
-/queue/...      each request takes 50 ms per request in flight when it arrives (a server whose
+/queue/...      each request takes 200 ms per request in flight when it arrives (a server whose
                 latency grows with load)
 /batch/...      each request is held 1.5 s; /metrics reports the requests in flight as
                 vllm:num_requests_running (an engine's running batch)
@@ -175,7 +175,7 @@ def scripted() -> web.Application:
         body = await request.json()
         queue["in_flight"] += 1
         try:
-            await asyncio.sleep(0.05 * queue["in_flight"])
+            await asyncio.sleep(0.2 * queue["in_flight"])
             return await stream_tokens(request, int(body.get("max_tokens", 4)))
         finally:
             queue["in_flight"] -= 1
