@@ -53,8 +53,8 @@ def _example(profile: Path) -> Callable[[], str]:
 
 def _schema() -> str:
     """values.schema.json with the limits the planner knows (TP sizes and the largest k) and the
-        project's vocabulary (speculative methods and router policies the chart serves, the grammar of
-    a door path)."""
+    project's vocabulary (speculative methods and router policies the chart serves, the grammar
+    of a door path)."""
     from dflash_ops.chart.generated_files import block_size_table
 
     model = block_size_table()["model"]

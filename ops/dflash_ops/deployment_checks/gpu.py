@@ -46,6 +46,7 @@ from typing import Any
 
 from dflash_ops.speculative_config import speculative_config_args
 from dflash_ops.speculative_schedule import parse_schedule
+from dflash_ops.speculative_setting import SpeculativeSetting
 
 EXPECTED_AUX_LAYERS = "(6, 16, 26, 36, 46)"
 SCHEDULE = "1-2:7,3-:3"
@@ -170,7 +171,7 @@ class EngineDeployer:
     def apply(self, setting: Any) -> str:
         self.finish()
         draft = self.args.draft if setting.method == "dflash" else None
-        extra = speculative_config_args(setting.method, setting.k, draft) if setting.k else []
+        extra = setting.engine_args(draft)
         self.engine = Engine(self.args, setting.key, extra).__enter__()
         return self.engine.url
 
@@ -396,7 +397,7 @@ def main() -> int:
     block = plan["recommended_block_size"]["7"]
     dflash = speculative_config_args("dflash", 7, args.draft)
     mtp = speculative_config_args("mtp", 3)
-    scheduled = speculative_config_args("dflash", 7, args.draft, parse_schedule(SCHEDULE, 7))
+    scheduled = SpeculativeSetting(7, "dflash", parse_schedule(SCHEDULE, 7)).engine_args(args.draft)
     if args.dry_run:
         print(
             f"plan: block size {block} at k=7 ({args.gpu}, TP2); per k: "

@@ -16,8 +16,6 @@ from dflash_ops.local.supervisor import (
     say,
 )
 from dflash_ops.local.tiny_model import TinyModelSpec, build_draft, build_target
-from dflash_ops.speculative_config import speculative_config_args
-from dflash_ops.speculative_schedule import parse_schedule
 
 
 def ensure_models(config: StackConfig) -> None:
@@ -81,12 +79,7 @@ def engine_argv(config: StackConfig, port: int | None = None) -> list[str]:
     # vLLM rewrites the method to dflash/eagle/dspark when the draft's path contains that word,
     # as a checkout named dflash-serve does.
     draft = f"./{config.draft_dir.name}" if config.method == "draft_model" else None
-    schedule = (
-        None
-        if config.schedule is None
-        else parse_schedule(config.schedule, config.num_speculative_tokens)
-    )
-    argv += speculative_config_args(config.method, config.num_speculative_tokens, draft, schedule)
+    argv += config.speculative.engine_args(draft)
     return argv
 
 

@@ -13,7 +13,7 @@ from dflash_ops.local import keys
 from dflash_ops.local.supervisor import (
     ProcessRecord,
 )
-from dflash_ops.speculative_schedule import parse_schedule
+from dflash_ops.speculative_setting import ScheduleValue, SpeculativeSetting, fits
 from dflash_ops.vocabulary import MAX_K, LocalMethod, LocalModels, StandingRouterPolicy
 
 # The served model name of the default pair (each pair is served under its own name).
@@ -52,7 +52,7 @@ class StackConfig(BaseModel):
         "under this name",
     )
     num_speculative_tokens: int = Field(default=4, ge=1, le=MAX_K)
-    schedule: str | None = Field(
+    schedule: ScheduleValue = Field(
         default=None,
         description="k per running batch size (speculative_schedule: 1-4:4,5-:1 or vLLM's "
         "JSON); num_speculative_tokens stays the largest k",
@@ -121,8 +121,14 @@ class StackConfig(BaseModel):
         if self.schedule is not None:
             if self.method == "off":
                 raise ValueError("a k schedule needs speculative decoding: --method is off")
-            parse_schedule(self.schedule, self.num_speculative_tokens)
+            fits(self.schedule, self.num_speculative_tokens)
         return self
+
+    @property
+    def speculative(self) -> SpeculativeSetting:
+        """What the engine speculates with (k 0 when the method is off)."""
+        k = 0 if self.method == "off" else self.num_speculative_tokens
+        return SpeculativeSetting(k, self.method, self.schedule)
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> StackConfig:

@@ -12,6 +12,7 @@ from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.planner import DeploymentPlan
 from dflash_ops.speculative_schedule import short_form
+from dflash_ops.speculative_setting import SpeculativeSetting
 
 
 def render_json(plan: DeploymentPlan) -> str:
@@ -28,13 +29,9 @@ def render_helm_values(plan: DeploymentPlan) -> str:
             f"{len(plan.plans)}: {', '.join(str(p.k) for p in plan.plans)})"
         )
     (only,) = plan.plans
-    speculative: dict[str, object] = {"method": plan.method}
-    if plan.method != "off":
-        speculative["numSpeculativeTokens"] = only.k
-    if plan.draft_model:
-        speculative["draftModel"] = plan.draft_model
-    if plan.schedule is not None:
-        speculative["schedule"] = short_form(tuple(plan.schedule))
+    schedule = None if plan.schedule is None else tuple(plan.schedule)
+    setting = SpeculativeSetting(only.k, plan.method, schedule)
+    speculative = setting.chart_values(plan.draft_model)
     values = {
         "gpu": {"type": plan.gpu},
         "engine": {

@@ -22,8 +22,8 @@ from dflash_ops.plan.kv_capacity import (
 )
 from dflash_ops.plan.model import BlockSizeInputs, BlockSizePlan, KvCacheDtype
 from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION
-from dflash_ops.speculative_config import speculative_config_args
 from dflash_ops.speculative_schedule import Schedule, ScheduleError, parse_schedule
+from dflash_ops.speculative_setting import SpeculativeSetting
 from dflash_ops.vocabulary import MAX_K, ChartMethod
 
 EngineName = Literal["auto", "vllm", "closed-form"]
@@ -184,7 +184,7 @@ def vllm_args(
         args += ["--kv-cache-dtype", plan.kv_cache_dtype]
     if method == "dflash":
         draft_model = draft_model or DEFAULT_DRAFT_MODEL
-    args += speculative_config_args(method, plan.k, draft_model, schedule)
+    args += SpeculativeSetting(plan.k, method, schedule).engine_args(draft_model)
     # The PLE n-gram table in pinned host memory (vLLM 0.33.0's EngramConfig).
     args += ["--engram-config", '{"cpu_offload":true}']
     return args

@@ -27,6 +27,7 @@ from dflash_ops.bench.sweep.analysis import analyse, recommended_values, table
 from dflash_ops.bench.sweep.deployers import LocalDeployer, Setting
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.errors import UserError
+from dflash_ops.speculative_schedule import parse_schedule
 
 from tests.conftest import REPO_ROOT
 
@@ -168,10 +169,10 @@ def test_helm_sweep_upgrades_per_setting_and_restores_the_original_values(
         ["speculative.method=off", "engine.blockSize=auto"],
         [
             "speculative.method=dflash",
-            "engine.blockSize=auto",
             "speculative.numSpeculativeTokens=4",
+            "engine.blockSize=auto",
         ],
-        ["speculative.method=mtp", "engine.blockSize=auto", "speculative.numSpeculativeTokens=4"],
+        ["speculative.method=mtp", "speculative.numSpeculativeTokens=4", "engine.blockSize=auto"],
     ]
     for call in upgrades[:-1]:
         assert call[1:3] == ["dflash", str(REPO_ROOT / "charts" / "dflash-serve")]
@@ -276,7 +277,7 @@ def schedule_results(
                                      level(16, 880, 10, 60, CURVE[:2])),
         Setting(4, "dflash"): result(level(1, 180, 3, 25, CURVE), level(4, 400, 8, 45, CURVE),
                                      level(16, 700, 10, 80, CURVE)),
-        Setting(4, "dflash", schedule="1-2:4,3-8:2,9-:0"): result(
+        Setting(4, "dflash", schedule=parse_schedule("1-2:4,3-8:2,9-:0", 4)): result(
             *(level(c, tps, sd, 40, CURVE) for c, (tps, sd) in zip((1, 4, 16), scheduled,
                                                                    strict=True))
         ),

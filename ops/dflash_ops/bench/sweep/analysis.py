@@ -224,10 +224,10 @@ def analyse(
 ) -> SweepAnalysis:
     """Recommendations and predictions over the static settings; a schedule setting among
     `results` is verified against them."""
-    static = {s: r for s, r in results.items() if not s.schedule}
+    static = {s: r for s, r in results.items() if s.schedule is None}
     points = [figures(s, lv) for s, result in sorted(results.items()) for lv in result.levels]
     static_points = [p for p in points if p.key in {s.key for s in static}]
-    scheduled = [s for s in results if s.schedule]
+    scheduled = [s for s in results if s.schedule is not None]
     verdict = None
     if scheduled:
         setting = scheduled[0]
@@ -283,7 +283,7 @@ def verify_schedule(
     keys = list(dict.fromkeys(p.key for p in static))
     ahead = {key for lv in levels for key in lv.ahead_of}
     return ScheduleVerdict(
-        schedule=setting.schedule,
+        schedule=setting.schedule_text,
         setting=setting.key,
         levels=levels,
         recommended=bool(levels) and not shortfalls,
@@ -307,7 +307,11 @@ def sweep_baseline(analysis: SweepAnalysis, results: dict[Setting, BenchResult])
     recommendation is no speculation or that static setting was not measured."""
     setting = recommended_setting(analysis, results)
     static = next(
-        (s for s in results if not s.schedule and s.k == setting.k and s.method == setting.method),
+        (
+            s
+            for s in results
+            if s.schedule is None and s.k == setting.k and s.method == setting.method
+        ),
         None,
     )
     if setting.k == 0 or static is None:
@@ -359,14 +363,12 @@ def recommended_values(
             "# Measured on the CPU local stack, whose draft model stands in for DFlash2: "
             "re-run the sweep on the GPU cluster before production."
         )
-    speculative: dict[str, object] = {"method": setting.chart_method}
-    if setting.k:
-        speculative["numSpeculativeTokens"] = setting.k
-    if setting.schedule:
-        speculative["schedule"] = setting.schedule
     import yaml
 
-    values: dict[str, object] = {"speculative": speculative, "engine": {"blockSize": "auto"}}
+    values: dict[str, object] = {
+        "speculative": setting.chart_values(),
+        "engine": {"blockSize": "auto"},
+    }
     if baseline is not None and baseline_in_values:
         lines.append(
             "# sidecar.baseline: the acceptance measured here; the verdict and the collapse alert "

@@ -17,13 +17,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import yaml
 
 from dflash_ops.errors import UserError
+from dflash_ops.speculative_setting import SpeculativeSetting
 from dflash_ops.vocabulary import (
     CHART_METHODS,
     LOCAL_METHODS,
@@ -38,28 +38,9 @@ HELM_SWEEP_METHODS: tuple[SpeculativeMethod, ...] = speculating(CHART_METHODS)
 SWEEP_MARKER = "sweep-owned"
 
 
-@dataclass(frozen=True, order=True)
-class Setting:
-    """One point of the sweep's method axis: k = 0 is speculation off. With a schedule (the
-    short form), k is its largest k and the engine drafts the schedule's k at each running batch
-    size."""
-
-    k: int
-    method: SpeculativeMethod
-    schedule: str = ""
-
-    @property
-    def key(self) -> str:
-        if self.schedule:
-            return f"{self.method}-schedule"
-        return "off" if self.k == 0 else f"{self.method}-k{self.k}"
-
-    @property
-    def chart_method(self) -> str:
-        """The chart's speculative.method (the CPU stand-in draft model stands for DFlash)."""
-        if self.k == 0:
-            return "off"
-        return "dflash" if self.method == "draft_model" else self.method
+# One point of the sweep's method axis (k = 0 is speculation off; with a schedule, k is its
+# largest k): the project's one speculative setting.
+Setting = SpeculativeSetting
 
 
 class Deployer(Protocol):
@@ -134,7 +115,7 @@ class LocalDeployer:
         from dflash_ops.local import stack
 
         stack.down(self.state_dir, quiet=True)
-        method = "off" if setting.k == 0 else setting.method
+        method = setting.method if setting.speculating else "off"
         say(f"{setting.key}: starting the local stack in {self.state_dir}")
         config = stack.StackConfig(
             state_dir=self.state_dir,
@@ -143,7 +124,7 @@ class LocalDeployer:
             method=method,  # type: ignore[arg-type]
             models=self.models,
             num_speculative_tokens=max(1, setting.k),
-            schedule=setting.schedule or None,
+            schedule=setting.schedule,
             prometheus=False,
             engine_timeout_s=self.engine_timeout_s,
             enforce_eager=self.enforce_eager,
@@ -212,17 +193,8 @@ class HelmDeployer:
         return done.stdout
 
     def upgrade_args(self, setting: Setting) -> list[str]:
-        sets = [f"speculative.method={setting.chart_method}", "engine.blockSize=auto"]
-        if setting.k:
-            sets.append(f"speculative.numSpeculativeTokens={setting.k}")
         args = ["upgrade", self.release, self.chart, "--namespace", self.namespace]
-        args.append("--reuse-values")
-        for item in sets:
-            args += ["--set", item]
-        # A static setting clears a schedule the release (or an earlier setting) had; ';'
-        # between ranges: --set splits on commas.
-        schedule = setting.schedule.replace(",", ";")
-        args += ["--set-string", f"speculative.schedule={schedule}"]
+        args += ["--reuse-values", *setting.helm_sets(), "--set", "engine.blockSize=auto"]
         return [*args, "--wait", "--timeout", f"{int(self.timeout_s)}s"]
 
     def restore_args(self) -> list[str]:

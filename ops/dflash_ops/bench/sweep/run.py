@@ -12,6 +12,7 @@ DIR/baseline.yaml (the same baseline, for `local up --baseline`) and the picture
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -28,10 +29,11 @@ from dflash_ops.bench.sweep.analysis import (
 )
 from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
 from dflash_ops.errors import UserError
-from dflash_ops.speculative_schedule import parse_schedule, short_form
-from dflash_ops.vocabulary import MAX_K, LocalModels
+from dflash_ops.speculative_setting import ScheduleValue
+from dflash_ops.vocabulary import LocalModels
 
-DERIVE, NO_SCHEDULE = "derive", "off"
+DERIVE: Literal["derive"] = "derive"
+NO_SCHEDULE: Literal["off"] = "off"
 
 
 class SweepPlan(BaseModel):
@@ -40,7 +42,7 @@ class SweepPlan(BaseModel):
     bench: BenchSettings
     deployer: str
     models: LocalModels | None = None  # the local deployer's model pair
-    schedule: str = Field(
+    schedule: Literal["derive", "off"] | ScheduleValue = Field(
         default=DERIVE,
         description="derive: a k schedule from the static settings' measurements, run and "
         "verified after them; off: none; or a schedule (short form) to verify",
@@ -99,7 +101,10 @@ def run_sweep(
         scheduled = schedule_setting(out, plan, state)
         save_json(out / "sweep.json", state.model_dump_json(indent=2))
         if scheduled is not None and scheduled.key not in state.done:
-            say(f"the k schedule {scheduled.schedule}: one more setting, verified against the rest")
+            say(
+                f"the k schedule {scheduled.schedule_text}: one more setting, verified against "
+                "the rest"
+            )
             measure(out, plan, deployer, scheduled, model, api_key, prompts, state)
     except (BenchInterrupted, KeyboardInterrupt):
         say(f"interrupted: {len(state.done)} settings kept in {out}; the same command resumes")
@@ -146,8 +151,8 @@ def setting_bench(plan: SweepPlan, setting: Setting) -> BenchSettings:
         "speculative_method": setting.method if setting.k and setting.method else "off",
         "num_speculative_tokens": str(setting.k),
     }
-    if setting.schedule:
-        names["speculative_schedule"] = setting.schedule
+    if setting.schedule is not None:
+        names["speculative_schedule"] = setting.schedule_text
     return plan.bench.model_copy(update={"metadata": {**plan.bench.metadata, **names}})
 
 
@@ -157,17 +162,16 @@ def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting |
     from dflash_ops.bench.sweep.analysis import analyse
     from dflash_ops.bench.sweep.schedule_derivation import NoSchedule, derive_schedule
 
-    if state.schedule_setting is not None or plan.schedule == NO_SCHEDULE:
+    if state.schedule_setting is not None or plan.schedule in (NO_SCHEDULE, None):
         return state.schedule_setting
-    speculative = [s for s in plan.settings if s.k > 0]
-    if plan.schedule != DERIVE:
-        ranges = parse_schedule(plan.schedule, MAX_K)
-        largest = max(k for _, _, k in ranges)
+    speculative = [s for s in plan.settings if s.speculating]
+    if isinstance(plan.schedule, tuple):
+        largest = max(k for _, _, k in plan.schedule)
         method = speculative[0].method if speculative else None
         if method is None or largest == 0:
             state.schedule_note = "the given schedule needs a speculative method and a k above 0"
             return None
-        state.schedule_setting = Setting(largest, method, schedule=short_form(ranges))
+        state.schedule_setting = Setting(largest, method, schedule=plan.schedule)
         return state.schedule_setting
     if len(plan.levels) < 2:
         state.schedule_note = "one load level: a schedule needs two or more"
@@ -177,7 +181,9 @@ def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting |
     if isinstance(derived, NoSchedule):
         state.schedule_note = derived.describe()
         return None
-    state.schedule_setting = Setting(derived.largest_k, derived.method, schedule=derived.short_form)
+    state.schedule_setting = Setting(
+        derived.largest_k, derived.method, schedule=tuple(derived.ranges)
+    )
     state.schedule_derivation = derived.describe()
     say(f"the k schedule {derived.short_form}: {state.schedule_derivation}")
     return state.schedule_setting

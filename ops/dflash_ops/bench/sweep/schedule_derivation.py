@@ -88,7 +88,7 @@ def derive_schedule(
     """The schedule the per-level picks among the speculative settings make, or why there is
     none."""
     by_key = {s.key: s for s in results}
-    speculative = {s.key for s in results if s.k > 0 and not s.schedule}
+    speculative = {s.key for s in results if s.speculating and s.schedule is None}
     points = [p for p in analysis.points if p.key in speculative]
     if not points:
         return NoSchedule(reason="no speculative setting was measured: nothing to schedule")

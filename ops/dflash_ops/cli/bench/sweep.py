@@ -24,13 +24,14 @@ from dflash_ops.vocabulary import LOCAL_MODELS, MAX_K, SPECULATIVE_METHODS
 method_list = choice_list(SPECULATIVE_METHODS, "methods", "dflash,mtp")
 
 
-def schedule_choice(text: str) -> str:
-    from dflash_ops.speculative_schedule import ScheduleError, parse_schedule, short_form
+def schedule_choice(text: str) -> object:
+    """derive, off, or a schedule: read here, once (SweepPlan keeps it typed)."""
+    from dflash_ops.speculative_schedule import ScheduleError, parse_schedule
 
     if text in ("derive", "off"):
         return text
     try:
-        return short_form(parse_schedule(text, MAX_K))
+        return parse_schedule(text, MAX_K)
     except ScheduleError as err:
         raise argparse.ArgumentTypeError(f"{err} (or derive, or off)") from None
 
