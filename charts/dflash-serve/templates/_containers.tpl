@@ -186,6 +186,8 @@ Call with (dict "root" $ "role" ROLE). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* The sidecar: each of its settings (dflash_sidecar.settings) as DFLASH_SIDECAR_NAME from
+sidecar.nameInCamelCase, the limits it refuses checked at render from files/sidecar-rules.yaml. */}}
 {{- define "dflash-serve.sidecarContainer" -}}
 - name: sidecar
   image: {{ include "dflash-serve.image" .Values.image.sidecar | quote }}

@@ -74,7 +74,8 @@ Ray head may wait for its workers to join. The sidecar uses it to tell "still lo
 {{- toYaml $entry -}}
 {{- end -}}
 
-{{/* The block size to pass: the table's for "auto", else the user's, checked. */}}
+{{/* The block size to pass: the table's for "auto", else the user's, checked. The table is the
+planner's (dflash_ops.plan.closed_form, written by make generate into files/block-sizes.yaml). */}}
 {{- define "dflash-serve.blockSize" -}}
 {{- $rule := include "dflash-serve.blockRule" . | fromYaml -}}
 {{- $recommended := int $rule.recommended -}}
@@ -171,6 +172,8 @@ nothing: the rules of dflash_ops.speculative_schedule, each refusal naming the v
 {{- end -}}
 {{- end -}}
 
+{{/* vLLM's --speculative-config for speculative.method and k (with the schedule), as
+dflash_ops.speculative_config builds it for the planner, the local stack and the GPU check. */}}
 {{- define "dflash-serve.speculativeConfig" -}}
 {{- $method := .Values.speculative.method -}}
 {{- $k := int .Values.speculative.numSpeculativeTokens -}}
