@@ -18,12 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dflash_sidecar.acceptance_window import (
-    Delta,
-)
-
-from dflash_ops.bench.core import slo, token_counter
-from dflash_ops.bench.core.categories import by_category
+from dflash_ops.bench.core import token_counter
 from dflash_ops.bench.core.client import Endpoint, RequestRecord
 from dflash_ops.bench.core.counters import (
     RUNNING_FIRST_SAMPLE_S as RUNNING_FIRST_SAMPLE_S,
@@ -40,6 +35,10 @@ from dflash_ops.bench.core.counters import sample_running as sample_running
 from dflash_ops.bench.core.counters import snapshot as snapshot
 from dflash_ops.bench.core.counters import snapshot_of as snapshot_of
 from dflash_ops.bench.core.counters import spec_stats as spec_stats
+from dflash_ops.bench.core.levels import Level as Level
+from dflash_ops.bench.core.levels import LevelProgress as LevelProgress
+from dflash_ops.bench.core.levels import level_label as level_label
+from dflash_ops.bench.core.levels import pass_result as pass_result
 from dflash_ops.bench.core.lossless import (
     Reference,
     check_lossless,
@@ -52,24 +51,12 @@ from dflash_ops.bench.core.results import (
     BenchResult,
     BenchSettings,
     LevelResult,
-    Percentiles,
-    PrefixCacheStats,
-    RunningBatch,
     RunResult,
     RunStatus,
     SampledCheckSettings,
-    SpecDecodeStats,
-    Spread,
 )
 from dflash_ops.bench.core.sampling import request_seed
 from dflash_ops.errors import UserError
-
-
-@dataclass(frozen=True)
-class Level:
-    concurrency: int | None = None
-    request_rate: float | None = None
-    max_concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -188,140 +175,6 @@ async def run_pass(
     return pass_result(mine, started, settings.goodput), mine
 
 
-def pass_result(
-    records: list[RequestRecord], started: float, objectives: dict[str, float] | None = None
-) -> RunResult:
-    ok = [r for r in records if r.ok]
-    first = min((r.start for r in records), default=started)
-    last = max((r.end for r in records), default=started)
-    wall = max(last - first, 1e-9)
-    output = sum(r.output_tokens for r in ok)
-    good = None
-    if objectives:
-        good = sum(1 for r in ok if slo.is_good(r, objectives))
-    return RunResult(
-        requests=len(ok),
-        failed=len(records) - len(ok),
-        output_tokens=output,
-        prompt_tokens=sum(r.prompt_tokens for r in ok),
-        wall_s=wall,
-        output_tokens_per_s=output / wall,
-        requests_per_s=len(ok) / wall,
-        good_requests=good,
-        goodput_requests_per_s=None if good is None else good / wall,
-    )
-
-
-def level_label(level: Level) -> str:
-    if level.concurrency is not None:
-        return f"concurrency {level.concurrency}"
-    cap = f", max {level.max_concurrency} in flight" if level.max_concurrency else ""
-    return f"rate {level.request_rate:g}/s{cap}"
-
-
-@dataclass
-class LevelProgress:
-    """What a level has measured so far; `result()` at any moment (a partial level too)."""
-
-    level: Level
-    objectives: dict[str, float]
-    runs: list[RunResult] = field(default_factory=list)
-    records: list[RequestRecord] = field(default_factory=list)
-    first: Snapshot | None = None
-    last: Snapshot | None = None
-    engines_read: set[str] = field(default_factory=set)
-    engines_unread: set[str] = field(default_factory=set)
-    restarted_runs: list[int] = field(default_factory=list)
-    # The counter increase of each run with acceptance figures, and why the others have none.
-    deltas: list[Delta] = field(default_factory=list)
-    withheld: dict[int, str] = field(default_factory=dict)
-    partial: str | None = None
-    pass_kept: int = 0  # records before the pass in progress
-    pass_started: float = 0.0
-    running_samples: list[float] = field(default_factory=list)
-
-    def saw(self, taken: Snapshot) -> None:
-        """Which engines' pages this snapshot read, and which it could not."""
-        self.engines_read |= set(taken.read)
-        self.engines_unread |= set(taken.unread)
-
-    def result(self) -> LevelResult | None:
-        """None while nothing was measured."""
-        if not self.records:
-            return None
-        ok = [r for r in self.records if r.ok]
-        runs = list(self.runs)
-        if len(self.records) > self.pass_kept:  # interrupted inside a pass: what it finished
-            runs.append(
-                pass_result(self.records[self.pass_kept :], self.pass_started, self.objectives)
-            )
-        level_spec = spec_stats(sum(self.deltas[1:], self.deltas[0]) if self.deltas else None)
-        prefix = None
-        first = self.first.prefix if self.first else None
-        last = self.last.prefix if self.last else None
-        if not self.restarted_runs and first is not None and last is not None:
-            hits, queries = last[0] - first[0], last[1] - first[1]
-            prefix = PrefixCacheStats(
-                queried_tokens=queries,
-                hit_tokens=hits,
-                hit_rate=hits / queries if queries else None,
-            )
-        share = None
-        if not self.restarted_runs and self.first is not None and self.last is not None:
-            first_done, last_done = self.first.finished, self.last.finished
-            if len(last_done) > 1:
-                done = {url: last_done[url] - first_done.get(url, 0.0) for url in last_done}
-                total = sum(done.values())
-                share = {url: n / total for url, n in done.items()} if total > 0 else None
-        failures: dict[str, int] = {}
-        for r in self.records:
-            if not r.ok:
-                kind = r.error_kind or "protocol"
-                failures[kind] = failures.get(kind, 0) + 1
-        notes = []
-        if self.restarted_runs:
-            which = ", ".join(str(i) for i in self.restarted_runs)
-            notes.append(
-                f"an engine restarted during run {which} (its generation counter went back): "
-                "acceptance leaves out its counters there, prefix-cache hits are not reported"
-            )
-        notes += [f"run {run}: {why}" for run, why in self.withheld.items()]
-        goodput = None
-        attainment = None
-        if self.objectives:
-            goodput = Spread.of([r.goodput_requests_per_s or 0.0 for r in runs])
-            # Every record belongs to one of `runs` (the pass in progress included).
-            attainment = sum(r.good_requests or 0 for r in runs) / len(self.records)
-        return LevelResult(
-            concurrency=self.level.concurrency,
-            request_rate=self.level.request_rate,
-            max_concurrency=self.level.max_concurrency,
-            runs=runs,
-            output_tokens_per_s=Spread.of([r.output_tokens_per_s for r in runs]),
-            requests_per_s=Spread.of([r.requests_per_s for r in runs]),
-            ttft_ms=Percentiles.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None]),
-            tpot_ms=Percentiles.of_seconds([t for r in ok if (t := r.tpot_s) is not None]),
-            itl_ms=Percentiles.of_seconds([gap for r in ok for gap in r.chunk_gaps_s]),
-            e2e_ms=Percentiles.of_seconds([r.latency_s for r in ok]),
-            spec_decode=level_spec if isinstance(level_spec, SpecDecodeStats) else None,
-            prefix_cache=prefix,
-            running_batch=RunningBatch.of(self.running_samples),
-            replica_share=share,
-            errors=[r.error for r in self.records if r.error][:5],
-            failures=failures,
-            goodput_requests_per_s=goodput,
-            slo_attainment=attainment,
-            token_count_source=(
-                "tokenizer" if any(r.token_count_source == "tokenizer" for r in ok) else "usage"
-            ),
-            partial=self.partial,
-            notes=notes,
-            categories=by_category(ok),
-            engines_counted=sorted(self.engines_read - self.engines_unread),
-            engines_unread=sorted(self.engines_unread),
-        )
-
-
 async def run_level(
     endpoint: Endpoint,
     model: str,
@@ -418,6 +271,93 @@ def fixed_plan(levels: list[Level]) -> LevelPlan:
     return lambda done: levels[len(done)] if len(done) < len(levels) else None
 
 
+@dataclass
+class RunState:
+    """What a run has measured so far (the levels done, the one in progress, notes) and how it
+    reports it: every snapshot is a whole BenchResult, handed to `on_result`."""
+
+    endpoint: Endpoint
+    settings: BenchSettings
+    on_result: ResultSink | None
+    model: str = ""
+    started_at: str = field(default_factory=now_iso)
+    done: list[LevelResult] = field(default_factory=list)
+    current: LevelProgress | None = None
+    notes: list[str] = field(default_factory=list)
+    kv_tokens: int | None = None
+
+    def snapshot(self, status: RunStatus, reason: str | None = None) -> BenchResult:
+        levels_so_far = list(self.done)
+        if self.current is not None and (partial := self.current.result()) is not None:
+            if status == "interrupted" and partial.partial is None:
+                partial.partial = "interrupted (Ctrl-C or SIGTERM)"
+            levels_so_far.append(partial)
+        return BenchResult(
+            base_url=self.endpoint.base_url,
+            model=self.model,
+            started_at=self.started_at,
+            finished_at=None if status == "running" else now_iso(),
+            status=status,
+            stop_reason=reason,
+            settings=self.settings,
+            levels=levels_so_far,
+            kv_cache_tokens=self.kv_tokens,
+            notes=self.notes,
+        )
+
+    def publish(self, status: RunStatus, reason: str | None = None) -> BenchResult:
+        result = self.snapshot(status, reason)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
+
+    def still_running(self) -> None:
+        self.publish("running")
+
+    @property
+    def measured_anything(self) -> bool:
+        return bool(self.done) or self.current is not None
+
+
+async def prompts_for(endpoint: Endpoint, model: str, settings: BenchSettings) -> list[Prompt]:
+    """The run's prompt set; a set sized in tokens loads the served model's tokenizer (or
+    --tokenizer's)."""
+    tokenizer = None
+    if settings.prompt_set in TOKEN_SETS:
+        needed = f"--dataset-name {settings.prompt_set} is sized in tokens"
+        if settings.tokenizer:
+            tokenizer = token_counter.load_tokenizer(settings.tokenizer, needed)
+        else:
+            root = await endpoint.model_root(model)
+            tokenizer = token_counter.load_tokenizer(root, needed, served_from=model)
+    count = max(settings.requests_in_run(0) or 64, 1)
+    return build(
+        settings.prompt_set, count, settings.random_shape(), settings.seed,
+        settings.prefix_groups, tokenizer,
+    )  # fmt: skip
+
+
+async def warm_up(run: RunState, prompts: list[Prompt]) -> None:
+    """The warm-up requests, then what the server exports: a note when it has no speculative
+    counters, and its KV-cache size."""
+    endpoint, model = run.endpoint, run.model
+    print(
+        f"warm-up: {run.settings.warmup} requests to {endpoint.base_url} ({model})",
+        file=sys.stderr,
+    )
+    for prompt in prompts[: run.settings.warmup]:
+        record = await endpoint.stream_chat(model, prompt.messages, 8)
+        if not record.ok:
+            raise UserError(f"the warm-up request failed: {record.error}")
+    if await endpoint.counters() is None:
+        run.notes.append(
+            "the server exports no vllm:spec_decode_* counters: speculative decoding is "
+            "off or this is not vLLM; acceptance is not reported"
+        )
+        print(f"note: {run.notes[-1]}", file=sys.stderr)
+    run.kv_tokens = await endpoint.kv_cache_tokens()
+
+
 async def run_bench(
     target: Target,
     levels: list[Level] | LevelPlan,
@@ -430,8 +370,6 @@ async def run_bench(
     once more at the end, however the run ends); `on_record` every request as it completes. A
     level that stops early (the server went away, every request failed) ends the run: the
     BenchStopped raised carries everything measured, as does an interrupt (`on_result` saw it)."""
-    started_at = now_iso()
-    model = target.model
     endpoint = Endpoint(
         target.base_url,
         timeout_s=settings.request_timeout_s,
@@ -441,6 +379,7 @@ async def run_bench(
         sampling=settings.sampling,
         api_path=settings.endpoint,
     )
+    run = RunState(endpoint, settings, on_result, model=target.model or "")
     compared = target.reference
     reference = Endpoint(compared.url, api_key=target.api_key) if compared else None
     reference_model = compared.model if compared else None
@@ -448,80 +387,20 @@ async def run_bench(
     if sampled is not None:
         refuse_greedy(settings.sampling)
     sampled_endpoint = Endpoint(sampled.url, api_key=target.api_key) if sampled else None
-    done: list[LevelResult] = []
-    current: LevelProgress | None = None
-    notes: list[str] = []
-    kv_tokens: int | None = None
-
-    def snapshot_result(status: RunStatus, reason: str | None = None) -> BenchResult:
-        levels_so_far = list(done)
-        if current is not None and (partial := current.result()) is not None:
-            if status == "interrupted" and partial.partial is None:
-                partial.partial = "interrupted (Ctrl-C or SIGTERM)"
-            levels_so_far.append(partial)
-        return BenchResult(
-            base_url=endpoint.base_url,
-            model=model or "",
-            started_at=started_at,
-            finished_at=None if status == "running" else now_iso(),
-            status=status,
-            stop_reason=reason,
-            settings=settings,
-            levels=levels_so_far,
-            kv_cache_tokens=kv_tokens,
-            notes=notes,
-        )
-
-    def publish(status: RunStatus, reason: str | None = None) -> BenchResult:
-        result = snapshot_result(status, reason)
-        if on_result is not None:
-            on_result(result)
-        return result
-
-    def still_running() -> None:
-        publish("running")
-
     try:
-        model = await endpoint.model_to_use(model)
+        model = run.model = await endpoint.model_to_use(target.model)
         if reference is not None:  # before the run, not after it
             await reference.check_model(reference_model or model)
         if sampled_endpoint is not None and sampled is not None:
             await sampled_endpoint.check_model(sampled.model or model)
         if prompts is None:
-            tokenizer = None
-            if settings.prompt_set in TOKEN_SETS:
-                needed = f"--dataset-name {settings.prompt_set} is sized in tokens"
-                if settings.tokenizer:
-                    tokenizer = token_counter.load_tokenizer(settings.tokenizer, needed)
-                else:
-                    root = await endpoint.model_root(model)
-                    tokenizer = token_counter.load_tokenizer(root, needed, served_from=model)
-            count = max(settings.requests_in_run(0) or 64, 1)
-            prompts = build(
-                settings.prompt_set, count, settings.random_shape(), settings.seed,
-                settings.prefix_groups, tokenizer,
-            )  # fmt: skip
-        print(
-            f"warm-up: {settings.warmup} requests to {endpoint.base_url} ({model})",
-            file=sys.stderr,
-        )
-        for prompt in prompts[: settings.warmup]:
-            record = await endpoint.stream_chat(model, prompt.messages, 8)
-            if not record.ok:
-                raise UserError(f"the warm-up request failed: {record.error}")
-        if await endpoint.counters() is None:
-            notes.append(
-                "the server exports no vllm:spec_decode_* counters: speculative decoding is "
-                "off or this is not vLLM; acceptance is not reported"
-            )
-            print(f"note: {notes[-1]}", file=sys.stderr)
-        kv_tokens = await endpoint.kv_cache_tokens()
-        publish("running")
+            prompts = await prompts_for(endpoint, model, settings)
+        await warm_up(run, prompts)
+        run.publish("running")
         plan = fixed_plan(levels) if isinstance(levels, list) else levels
-        while (level := plan(done)) is not None:
+        while (level := plan(run.done)) is not None:
             label = level_label(level)
-            current = LevelProgress(level, settings.goodput)
-            state = current
+            state = run.current = LevelProgress(level, settings.goodput)
 
             def record_of(
                 record: RequestRecord, label: str = label, state: LevelProgress = state
@@ -530,14 +409,14 @@ async def run_bench(
                     on_record(label, len(state.runs) + 1, record)
 
             result = await run_level(
-                endpoint, model, prompts, level, settings, state, record_of, still_running
+                endpoint, model, prompts, level, settings, state, record_of, run.still_running
             )
-            current = None
-            done.append(result)
+            run.current = None
+            run.done.append(result)
             if result.partial is not None:
-                stopped = publish("failed", f"{result.label}: {result.partial}")
+                stopped = run.publish("failed", f"{result.label}: {result.partial}")
                 raise BenchStopped(stopped)
-            publish("running")
+            run.publish("running")
         lossless = None
         if reference is not None and compared is not None:
             lossless = await check_lossless(
@@ -559,18 +438,18 @@ async def run_bench(
                 list(sampled.concurrency),
                 sampled.sampled or SampledCheckSettings(),
             )
-        final = snapshot_result("complete").model_copy(
+        final = run.snapshot("complete").model_copy(
             update={"lossless": lossless, "sampled_lossless": sampled_checks}
         )
         if on_result is not None:
             on_result(final)
         return final
     except asyncio.CancelledError:
-        publish("interrupted", "interrupted (Ctrl-C or SIGTERM)")
+        run.publish("interrupted", "interrupted (Ctrl-C or SIGTERM)")
         raise
     except UserError as err:
-        if done or current is not None:
-            publish("failed", str(err))
+        if run.measured_anything:
+            run.publish("failed", str(err))
         raise
     finally:
         await endpoint.aclose()
