@@ -39,40 +39,73 @@ def kind_of(name: str) -> str:
 class StackConfig(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
+    # Field descriptions are `local up`'s help (cli.config_flags makes a flag per field).
     state_dir: Path = Path(".local-stack")
-    host: str = Field(default="127.0.0.1", description="listen address of every component")
-    engine_port: int = Field(default=8000, ge=1, le=65535)
-    sidecar_port: int = Field(default=9100, ge=1, le=65535)
-    prometheus_port: int = Field(default=9090, ge=1, le=65535)
-    method: LocalMethod = "draft_model"
+    host: str = Field(
+        default="127.0.0.1",
+        description="listen address of every component (0.0.0.0 in a container)",
+    )
+    engine_port: int = Field(
+        default=8000,
+        ge=1,
+        le=65535,
+        description="the OpenAI API: the engine's port, or the router's with --replicas > 1",
+    )
+    sidecar_port: int = Field(
+        default=9100, ge=1, le=65535, description="the sidecar's port (+ i for replica i)"
+    )
+    prometheus_port: int = Field(default=9090, ge=1, le=65535, description="Prometheus's port")
+    method: LocalMethod = Field(
+        default="draft_model",
+        description="speculative decoding: draft_model (the pair's draft), ngram (prompt "
+        "lookup) or off",
+    )
     models: LocalModels = Field(
         default="tiny",
-        description="the model pair (tiny: target + noisy draft of the same size; paying: a "
-        "~180M target and a draft of its first 2 layers, where speculation pays); served "
-        "under this name",
+        description="the model pair, served under its name: tiny (starts fastest; its draft is "
+        "the target plus noise, as costly as the target, so speculation never pays here) or "
+        "paying (a ~180M bfloat16 target and a draft of its first 2 layers: speculation pays "
+        "at low load, as on a GPU; start it with --enforce-eager)",
     )
-    num_speculative_tokens: int = Field(default=4, ge=1, le=MAX_K)
+    num_speculative_tokens: int = Field(
+        default=4,
+        ge=1,
+        le=MAX_K,
+        description="num_speculative_tokens: the tokens drafted per step",
+        json_schema_extra={"flag": "--k"},
+    )
     schedule: ScheduleValue = Field(
         default=None,
-        description="k per running batch size (speculative_schedule: 1-4:4,5-:1 or vLLM's "
-        "JSON); num_speculative_tokens stays the largest k",
+        description="a k per running batch size, e.g. 1-2:4,3-:1 (k 4 for 1 to 2 running "
+        "requests, 1 above) or vLLM's JSON [[1,2,4],[3,64,1]]; --k stays the largest k",
+        json_schema_extra={"metavar": "RANGES"},
     )
     draft_noise: float | None = Field(
         default=None,
         ge=0.0,
         le=10.0,
         description="Gaussian noise x each weight's std added to the draft's source: the tiny "
-        "pair's target (None: 0.05) or the paying pair's own draft (None: none, the real draft; "
-        "a large value makes a draft that is noise, as a broken capture would)",
+        "pair's target (default 0.05; 0: the draft is the target) or the paying pair's own "
+        "draft (default none, the real draft; 10 makes a draft that is noise, as a broken "
+        "capture would)",
     )
-    prometheus: bool = True
-    engine_timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
-    kv_cache_gib: int = 1
+    prometheus: bool = Field(default=True, description="no Prometheus (it starts if installed)")
+    engine_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=24 * 3600,
+        description="seconds the engine may take to start",
+        json_schema_extra={"flag": "--engine-timeout"},
+    )
+    kv_cache_gib: int = Field(default=1, json_schema_extra={"flag": False})
     enforce_eager: bool = Field(
-        default=False, description="no torch.compile: starts sooner, decodes about half as fast"
+        default=False,
+        description="vLLM without torch.compile: decodes about half as fast and starts about "
+        "as fast (engine init 3 s against 4.5 s compiled, here)",
     )
     scale_out: bool = Field(
         default=False,
+        json_schema_extra={"flag": False},
         description="--enable-scale-out: the render endpoints vllm-router's cache_aware policy "
         "tokenizes requests with (vLLM answers them 403 otherwise)",
     )
@@ -80,8 +113,9 @@ class StackConfig(BaseModel):
         default=1,
         ge=1,
         le=8,
-        description="engines, each with its sidecar; more than one: vllm-router in front of "
-        "them on engine_port, the engines on replica_base_port + i",
+        description="engines, a sidecar each; more than one: vLLM's router in front of them on "
+        "--engine-port, the engines on --replica-base-port + i and the sidecars on "
+        "--sidecar-port + i",
     )
     kv_events_port: int | None = Field(
         default=None,
@@ -89,24 +123,44 @@ class StackConfig(BaseModel):
         le=65535,
         description="publish the engine's KV-cache events on tcp://127.0.0.1:PORT (ZMQ), for "
         "vllm-router's kv_aware policy; one engine only",
+        json_schema_extra={"flag": False},
     )
-    replica_base_port: int = Field(default=8100, ge=1, le=65535 - 8)
-    router_metrics_port: int = Field(default=29000, ge=1, le=65535)
-    router_policy: StandingRouterPolicy = "cache_aware"
+    replica_base_port: int = Field(
+        default=8100,
+        ge=1,
+        le=65535 - 8,
+        description="with --replicas > 1, the engines listen on this + i",
+    )
+    router_metrics_port: int = Field(
+        default=29000, ge=1, le=65535, description="the router's /metrics port"
+    )
+    router_policy: StandingRouterPolicy = Field(
+        default="cache_aware",
+        description="the router's policy with --replicas > 1 (cache_aware: by prefix)",
+    )
     auth: bool = Field(
         default=False,
+        json_schema_extra={"flag": False},  # local up's --auth: from the key it is given
         description="the chart's door (nginx) in front of every engine and the router, checking "
         "the API key in keys_dir; what it guards listens on door_base_port + i",
     )
-    door_base_port: int = Field(default=8200, ge=1, le=65535 - 9)
+    door_base_port: int = Field(
+        default=8200,
+        ge=1,
+        le=65535 - 9,
+        description="with a key: vLLM (and the router) listen here + i on loopback, behind the "
+        "doors",
+    )
     max_model_len: int = Field(
         default=2048, ge=256, le=8192, description="vLLM's --max-model-len (prompt + output)"
     )
     baseline: Path | None = Field(
         default=None,
         description="the acceptance a healthy deployment showed on your traffic (a baseline "
-        "file, a recommended-values.yaml with sidecar.baseline, or a bench results.json): the "
-        "sidecars judge against it",
+        "file, a recommended-values.yaml with sidecar.baseline, or a bench results.json, of "
+        "this pair at this k, sampled as your traffic is): the sidecars' verdict and the "
+        "collapse alert judge against it instead of greedy constants",
+        json_schema_extra={"metavar": "FILE"},
     )
     engine_threads: int | None = Field(
         default=None,
@@ -114,6 +168,7 @@ class StackConfig(BaseModel):
         le=1024,
         description="OMP_NUM_THREADS of each engine (default: engine_threads(replicas), the "
         "physical cores shared among the replicas, less one each)",
+        json_schema_extra={"flag": False},
     )
 
     @model_validator(mode="after")

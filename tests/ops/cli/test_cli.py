@@ -45,8 +45,13 @@ def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> N
         (["bench", "--no-such-flag", "3"], "unknown option --no-such-flag"),
         (["bench", "--random-output-lenn", "3"], "(did you mean --random-output-len?)"),
         (["bench", "sweep", "--nope=1"], "bench sweep: error: unknown option --nope"),
-        (["local", "up", "--k", "99"], "num_speculative_tokens must be 1 to 15"),
-        (["local", "up", "--engine-port", "70000"], "a port is 1 to 65535"),
+        (["local", "up", "--k", "99"], "--k: '99': must be from 1 to 15"),
+        (
+            ["local", "up", "--engine-port", "70000"],
+            "--engine-port: '70000': must be from 1 to 65535",
+        ),
+        (["local", "up", "--engine-timeout", "0"], "--engine-timeout: '0': must be above 0"),
+        (["local", "up", "--router-policy", "kv_aware"], "--router-policy: invalid choice"),
         (["sidecar", "--scrape-interval", "-1"], "scrape_interval"),
     ],
 )
