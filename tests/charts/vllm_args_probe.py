@@ -90,6 +90,7 @@ def main() -> None:
     # The Qwen4Exp model classes need GPU kernels to import; the planner's stand-in carries
     # the same config hooks (vllm_engine documents what it reproduces).
     v = runtime.vllm_modules()
+    print("vLLM imported", file=sys.stderr, flush=True)  # the first progress line
     for architecture in ("Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP"):
         v["ModelRegistry"].register_model(architecture, v["Qwen4ExpForPlanning"])
     target = local_target()

@@ -132,9 +132,17 @@ def test_probes_answer_while_a_hostile_page_is_parsed(
     give_up = time.monotonic() + 40
     while counter(url, "dflash_scrapes_total") < scrapes + 4 and time.monotonic() < give_up:
         latencies += probe_latencies(url, 2.0)
-    assert counter(url, "dflash_scrapes_total") >= scrapes + 4  # the page is being read
-    slow = sorted(latencies)[-5:]
-    assert max(latencies) < 1.0, f"probes blocked: slowest {slow}"
+    read = counter(url, "dflash_scrapes_total") - scrapes
+    assert read >= 4  # the page is being read
+    # A parse that blocks the event loop blocks it at every scrape, and a probe is nearly always
+    # in flight (one each 50 ms): about one probe over the kubelet's 1 s timeout per scrape. A
+    # machine busy with other work gives an isolated one (1.10 s once, beside a CI run), which
+    # the kubelet also forgives (failureThreshold 3): fewer than one slow probe per two scrapes.
+    slow = [latency for latency in latencies if latency >= 1.0]
+    assert len(slow) * 2 < read, (
+        f"probes blocked: {len(slow)} of {len(latencies)} over 1 s "
+        f"in {read:g} scrapes (slowest {sorted(latencies)[-5:]})"
+    )
     print(f"RSS {rss_mib(pid):.0f} MiB")
     assert rss_mib(pid) < 160, rss_mib(pid)
     # Nothing of the page's size reaches the log.
