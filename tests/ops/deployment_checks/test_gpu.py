@@ -10,7 +10,16 @@ from pathlib import Path
 
 from tests.conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "ops" / "dflash_ops" / "deployment_checks" / "gpu.py"
+STEPS = REPO_ROOT / "ops" / "dflash_ops" / "deployment_checks" / "gpu_steps.py"
+
+
+def dry_run(model: Path, tmp_path: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.deployment_checks.gpu", "--model", str(model),
+         "--draft", "d2", "--dry-run", "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return done.stdout.splitlines()
 
 
 def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
@@ -18,12 +27,7 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     model.mkdir()
     config = REPO_ROOT / "ops" / "dflash_ops" / "data" / "qwen3.8-flash-next.config.json"
     (model / "config.json").write_text(config.read_text())
-    done = subprocess.run(
-        [sys.executable, "-m", "dflash_ops.deployment_checks.gpu", "--model", str(model),
-         "--draft", "d2", "--dry-run", "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
-    lines = done.stdout.splitlines()
+    lines = dry_run(model, tmp_path)
     assert lines[0].startswith("plan: block size 1680 at k=7 (a100, TP2)")
     engines = {line.split(":", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in lines[1:5]}
     assert set(engines) == {"dflash2", "no speculation", "mtp3", "dflash2-schedule"}
@@ -39,9 +43,40 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 7], [3, 65536, 3]]
 
 
+def test_the_dry_run_names_every_step_and_every_check_lives_in_one(tmp_path: Path) -> None:
+    """The steps print in the order they run, each once; every function of gpu_steps that adds
+    a row to the report is one of them (no check outside a step, none left unrun)."""
+    import ast
+
+    from dflash_ops.deployment_checks.gpu_steps import BEFORE, ENGINES
+
+    lines = dry_run(tmp_path, tmp_path)
+    shown = [line.split(": ")[1] for line in lines[lines.index("steps:") + 1 :] if line[:2] == "  "]
+    expected = [step.__name__ for step in BEFORE]
+    for planned in ENGINES:
+        expected += [s.__name__ for s in planned.during] + [s.__name__ for s in planned.after]
+    assert shown == expected and len(set(shown)) == len(shown)
+    reporting = {
+        node.name
+        for node in ast.parse(STEPS.read_text()).body
+        if isinstance(node, ast.FunctionDef)
+        and any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "add"
+            for call in ast.walk(node)
+        )
+    }
+    # run_steps adds the row that says where a run stopped.
+    assert reporting - {"run_steps"} == set(shown) - {
+        "outputs_with_speculation",
+        "outputs_without_speculation",
+    }
+
+
 def test_sync_check_every_gpu_claim_has_a_check() -> None:
     """A sync check of the script against the README's GPU claims (the dry run above runs it)."""
-    source = SCRIPT.read_text()
+    source = STEPS.read_text()
     for claim in (
         "automatic block size (no --block-size)",
         "aux layers",
