@@ -58,13 +58,13 @@ TWINS = (
     ),
     Twin(
         "the door's files (door.d/: routes, keys, timeouts, drain)",
-        "dflash_ops.door", ("DoorConfig", "default_shutdown_timeout"),
+        "dflash_ops.local.door", ("DoorConfig", "default_shutdown_timeout"),
         "door.yaml", None,
         ("tests/charts/test_door.py::test_the_door_configmap_is_what_the_local_stack_runs",),
     ),
     Twin(
         "how the door matches an allow-list path (case-sensitive, {name} segments)",
-        "dflash_ops.door", ("map_source",),
+        "dflash_ops.local.door", ("map_source",),
         "_door.tpl", "dflash-serve.doorMapSource",
         ("tests/charts/test_door.py::test_the_door_configmap_is_what_the_local_stack_runs",
          "tests/charts/test_door.py::test_what_the_review_found_is_refused_by_name"),

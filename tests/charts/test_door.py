@@ -1,7 +1,7 @@
 """The door (templates/door.yaml, files/door/) and what came with it (issues 48-50), judged by what
 nginx, the NetworkPolicy controller, the API server, Helm and argparse do with the render.
 
-- the door's ConfigMap holds exactly the files dflash_ops.door writes for the same values (the
+- the door's ConfigMap holds exactly the files dflash_ops.local.door writes for the same values (the
   local stack runs the real nginx on them: tests/e2e/test_local_replicas.py);
 - the NetworkPolicies, evaluated against the rendered pods: with auth or the router, the engines
   admit the router, the helm tests and Prometheus only; the door's port takes the clients;
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from dflash_ops import door
+from dflash_ops.local import door
 from dflash_ops.loopback import free_port
 
 from tests.charts.conftest import RWX, Manifests, render

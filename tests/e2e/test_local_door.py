@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dflash_ops import door as door_files
+from dflash_ops.local import door as door_files
 from dflash_ops.local import keys, supervisor
 from dflash_ops.loopback import free_port
 

@@ -27,11 +27,10 @@ from typing import Any
 
 import httpx
 import pytest
-from dflash_ops import door
 from dflash_ops.bench.core.client import Endpoint
 from dflash_ops.bench.core.prompts import RandomShape, build
 from dflash_ops.chart.helm import helm_template
-from dflash_ops.local import stack, supervisor
+from dflash_ops.local import door, stack, supervisor
 from dflash_ops.loopback import free_port, free_ports_in_a_row
 
 from tests.conftest import REPO_ROOT

@@ -1,5 +1,5 @@
 {{/* The door: nginx in front of vLLM or the router in the same pod (its container, volumes and
-files); dflash_ops.door writes the same files for the local stack. */}}
+files); dflash_ops.local.door writes the same files for the local stack. */}}
 
 {{/* The door in front of vLLM ("engine") or the router ("router") in the same pod: it owns the
 pod's client port (named http) and stops like them: the preStop sleep lets endpoints drop the
@@ -118,7 +118,7 @@ the door reads auth.apiKeySecret.key and nextKey from it; nextKey may be missing
 {{- end -}}
 
 {{/* How the door's routes.map matches an allow-list path: a case-sensitive regex of the whole
-path, where a {name} segment stands for any one segment (dflash_ops.door.map_source). nginx
+path, where a {name} segment stands for any one segment (dflash_ops.local.door.map_source). nginx
 matches a map's plain strings case-insensitively: /HEALTH would reach what stands behind. */}}
 {{- define "dflash-serve.doorMapSource" -}}
 {{- printf "~^%s$" (regexReplaceAll "\\{[^/}]+\\}" (replace "." "\\." .) "[^/]+") -}}

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from dflash_ops import door
-from dflash_ops.local import keys
+from dflash_ops.local import door, keys
 from dflash_ops.local.engine import engine_argv, engine_env
 from dflash_ops.local.keys import CURRENT_KEY, NEXT_KEY, ROUTER_KEY
 from dflash_ops.local.router import PROCESS_TITLE, keyed_router_argv, router_argv

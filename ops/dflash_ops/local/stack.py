@@ -24,9 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from dflash_ops import directory_lock, door
+from dflash_ops import directory_lock
 from dflash_ops.errors import UserError
-from dflash_ops.local import keys, known_stacks
+from dflash_ops.local import door, keys, known_stacks
 from dflash_ops.local.components import (
     Component as Component,
 )

@@ -1,5 +1,5 @@
-"""The door's files (dflash_ops.door, charts/dflash-serve/files/door/) run by the real nginx with
-its JavaScript module, in front of a recording upstream on loopback: paths match with their
+"""The door's files (dflash_ops.local.door, charts/dflash-serve/files/door/) run by the real nginx
+with its JavaScript module, in front of a recording upstream on loopback: paths match with their
 case, a key in the URL is refused before anything logs it, and the workers of a door started as
 root do not run as root yet read the stack's key files."""
 
@@ -18,8 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dflash_ops import door
-from dflash_ops.local import keys
+from dflash_ops.local import door, keys
 from dflash_ops.loopback import free_port
 
 KEY = "sk-door-7c1e"
