@@ -18,9 +18,16 @@ SIDECAR_IMAGE := $(REGISTRY)/sidecar:$(TAG)
 CPU_IMAGE     := $(REGISTRY)/dflash-serve-cpu:$(TAG)
 ROUTER_VERSION := $(shell sed -n 's/^ARG VLLM_ROUTER_VERSION=//p' docker/router.Dockerfile | head -n1)
 ROUTER_IMAGE  := $(REGISTRY)/vllm-router:$(ROUTER_VERSION)
+REVISION      ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# `make release`: where the built images are (podman's store with images-local; the Docker
+# engine's with `make images`, then LOCAL_PREFIX=$(REGISTRY)), which to publish, where to.
+SOURCE        ?= containers-storage
+LOCAL_PREFIX  ?= localhost/dflash-serve
+IMAGES        ?= engine,sidecar,router,cpu
+RELEASE_OUT   ?= release-out
 SERIES_SHA256  = $(shell python3 -c 'import hashlib, json; m = json.load(open("patches/manifest.json")); print(hashlib.sha256("".join(p["sha256"] for p in m["patches"]).encode()).hexdigest())')
 
-.PHONY: help setup lint typecheck test check phases-reset demo demo-down clean images images-local generate generate-check
+.PHONY: help setup lint typecheck test check phases-reset demo demo-down clean images images-local generate generate-check release
 
 # Each phase of `make test` / `make check` appends "phase<TAB>seconds" here; run-tests.sh prints
 # the table at the end, so a change sees what it added.
@@ -70,10 +77,17 @@ demo-down: ## stop the local stack
 	@$(VENV)/bin/dflash-serve local down
 
 images: ## build the engine, sidecar, router and CPU images (needs a Docker engine; REGISTRY=, TAG=, SIDECAR_EXTRAS=)
-	docker build -f docker/vllm.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg PATCH_SERIES_SHA256=$(SERIES_SHA256) -t $(ENGINE_IMAGE) .
-	docker build -f docker/sidecar.Dockerfile --build-arg DFLASH_VERSION=$(TAG) --build-arg EXTRAS=$(SIDECAR_EXTRAS) -t $(SIDECAR_IMAGE) .
-	docker build -f docker/router.Dockerfile -t $(ROUTER_IMAGE) .
-	docker build -f docker/cpu.Dockerfile --build-arg DFLASH_VERSION=$(TAG) -t $(CPU_IMAGE) .
+	docker build -f docker/vllm.Dockerfile --build-arg REVISION=$(REVISION) --build-arg DFLASH_VERSION=$(TAG) --build-arg PATCH_SERIES_SHA256=$(SERIES_SHA256) -t $(ENGINE_IMAGE) .
+	docker build -f docker/sidecar.Dockerfile --build-arg REVISION=$(REVISION) --build-arg DFLASH_VERSION=$(TAG) --build-arg EXTRAS=$(SIDECAR_EXTRAS) -t $(SIDECAR_IMAGE) .
+	docker build -f docker/router.Dockerfile --build-arg REVISION=$(REVISION) -t $(ROUTER_IMAGE) .
+	docker build -f docker/cpu.Dockerfile --build-arg REVISION=$(REVISION) --build-arg DFLASH_VERSION=$(TAG) -t $(CPU_IMAGE) .
+
+release: ## publish the built images (signed, SBOMs) and the chart: REGISTRY= VERSION= SIGN_KEY= LOOKASIDE= [PLAIN_HTTP=1]
+	@test -n "$(VERSION)" -a -n "$(SIGN_KEY)" -a -n "$(LOOKASIDE)" || { echo "make release needs REGISTRY=HOST[:PORT]/PATH VERSION=X SIGN_KEY=ID LOOKASIDE=URL (PLAIN_HTTP=1 for a registry without TLS)" >&2; exit 2; }
+	@$(PY) -m dflash_ops.release --registry $(REGISTRY) --version $(VERSION) --sign-key $(SIGN_KEY) \
+		--lookaside $(LOOKASIDE) $(if $(LOOKASIDE_STAGING),--lookaside-staging $(LOOKASIDE_STAGING)) \
+		$(if $(PLAIN_HTTP),--plain-http) --images $(IMAGES) --source $(SOURCE) \
+		--local-prefix $(LOCAL_PREFIX) --out $(RELEASE_OUT)
 
 images-local: setup ## podman, no registry: stand-in bases (cached), then the sidecar, router and engine images
 	@t=$$SECONDS; bash ops/setup/images-local.sh all || exit 1; echo "==> images took $$((SECONDS - t)) s"; printf 'images\t%s\n' $$((SECONDS - t)) >> $(PHASES)

@@ -48,3 +48,6 @@ RUN python -m pip install --no-cache-dir -e ".[bench]" \
 USER 1000:1000
 EXPOSE 8000 9100 9090
 ENTRYPOINT ["dflash-serve", "local", "up", "--foreground", "--host", "0.0.0.0"]
+# The commit the image was built from: the last layer, so a new commit rebuilds nothing else.
+ARG REVISION=unknown
+LABEL org.opencontainers.image.revision="${REVISION}"

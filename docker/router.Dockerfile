@@ -26,3 +26,6 @@ USER 1000:1000
 ENV PATH=/opt/router/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 EXPOSE 8000 29000
 ENTRYPOINT ["vllm-router"]
+# The commit the image was built from: the last layer, so a new commit rebuilds nothing else.
+ARG REVISION=unknown
+LABEL org.opencontainers.image.revision="${REVISION}"

@@ -41,3 +41,6 @@ EXPOSE 9100
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["python", "-m", "dflash_sidecar.healthcheck"]
 ENTRYPOINT ["dflash-serve"]
 CMD ["sidecar"]
+# The commit the image was built from: the last layer, so a new commit rebuilds nothing else.
+ARG REVISION=unknown
+LABEL org.opencontainers.image.revision="${REVISION}"

@@ -44,3 +44,6 @@ EXPOSE 8000
 # skips the API-server count and multiprocess metrics set-up). The PLE n-gram table offload is
 # `--engram-config '{"cpu_offload": true}'` (vLLM 0.33.0's default for this model).
 ENTRYPOINT ["vllm", "serve"]
+# The commit the image was built from: the last layer, so a new commit rebuilds nothing else.
+ARG REVISION=unknown
+LABEL org.opencontainers.image.revision="${REVISION}"

@@ -39,7 +39,9 @@ ENGINE_IMAGE="localhost/dflash-serve/vllm-dflash:0.33.0-dflash-$TAG"
 CPU_IMAGE="localhost/dflash-serve/dflash-serve-cpu:$TAG"
 ROUTER_VERSION="$(sed -n 's/^ARG VLLM_ROUTER_VERSION=//p' docker/router.Dockerfile | head -n1)"
 ROUTER_IMAGE="localhost/dflash-serve/vllm-router:$ROUTER_VERSION"
-BUILD=(podman build --format docker --network=host --pull=never
+# The commit, for the images' org.opencontainers.image.revision label (their last layer).
+REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+BUILD=(podman build --format docker --network=host --pull=never --build-arg "REVISION=$REVISION"
        -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro
        -v "$CACHE/pip.conf:/etc/pip.conf:ro")
 [[ -d /opt/wheels ]] && BUILD+=(-v /opt/wheels:/opt/wheels:ro)

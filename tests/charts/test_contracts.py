@@ -236,20 +236,26 @@ def test_the_old_chained_head_command_is_caught(tmp_path: Path) -> None:
 # -- the README's install, and upgrades between profiles -------------------------------------
 
 
+README_CHART = "oci://ghcr.io/dflash-serve/charts/dflash-serve"
+
+
 def readme_install_words() -> list[str]:
     """The README's `helm install` command, as the shell splits it."""
     text = (REPO_ROOT / "README.md").read_text()
-    block = text[text.index("helm install dflash charts/dflash-serve") :]
+    block = text[text.index(f"helm install dflash {README_CHART}") :]
     command = block[: block.index("\n   helm test")].replace("\\\n", " ")
     return shlex.split(command, comments=True)
 
 
 def readme_install() -> tuple[list[Path], list[str], set[str]]:
-    """Values files, --set flags and Secrets the README's install steps create."""
+    """Values files, --set flags and Secrets the README's install steps create. The published
+    chart is this checkout's (tests/docker/test_release.py renders one from a registry and
+    compares): `helm pull --untar`'s dflash-serve/ is charts/dflash-serve/ here."""
     text = (REPO_ROOT / "README.md").read_text()
     words = readme_install_words()
+    assert f"helm pull {README_CHART} --version" in text and "--untar" in text
     pairs = list(pairwise(words))
-    values = [REPO_ROOT / w for prev, w in pairs if prev == "-f"]
+    values = [CHART_DIR / w.removeprefix("dflash-serve/") for prev, w in pairs if prev == "-f"]
     sets = [w for prev, w in pairs if prev == "--set"]
     secrets = set(re.findall(r"kubectl -n \S+ create secret generic (\S+)", text))
     return values, sets, secrets
@@ -299,10 +305,10 @@ def test_the_readme_install_references_only_what_exists_and_loads_the_alerts() -
     )
     assert '"model":"incoai/Qwen3.8-Flash-Next-DFlash2"' in speculative
     images = [c["image"] for _, template in pod_templates(manifests) for c in containers(template)]
-    # Ours from the README's registry; the door is the official nginx image the chart pins.
+    # Ours as the release publishes them; the door is the official nginx image the chart pins.
     door = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["door"]["image"]
     door_image = f"{door['repository']}:{door['tag']}"
-    assert all(i.startswith("$REGISTRY/") or i == door_image for i in images), images
+    assert all(i.startswith("ghcr.io/dflash-serve/") or i == door_image for i in images), images
     assert door_image in images  # auth is on in the README's install: the door is in front
 
 
