@@ -81,8 +81,17 @@ def run(argv: list[str], what: str) -> str:
     except FileNotFoundError:
         raise UserError(f"{argv[0]} not found ({what}): make setup installs it") from None
     if done.returncode != 0:
-        raise UserError(f"{what} failed: {(done.stderr or done.stdout).strip()[-800:]}")
+        raise UserError(f"{what} failed: {last_message(done.stderr or done.stdout)}")
     return str(done.stdout)
+
+
+def last_message(output: str) -> str:
+    """A tool's last line, its msg="..." when it logs like skopeo (one line, not its retries)."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no output"
+    found = re.search(r'msg="((?:[^"\\]|\\.)*)"', lines[-1])
+    return (found.group(1).replace('\\"', '"') if found else lines[-1])[-600:]
 
 
 @dataclass(frozen=True)
