@@ -12,6 +12,7 @@ import pytest
 import yaml
 from dflash_ops.cli import build_parser
 from dflash_ops.cli.sidecar import settings_from
+from dflash_ops.errors import UserError
 from dflash_sidecar.baseline import Baseline, load_baseline, thresholds_from
 
 from tests.charts.conftest import RWX, render
@@ -90,3 +91,30 @@ def test_a_baseline_that_cannot_apply_is_refused_by_name(
     baseline = {k: v for k, v in (BASELINE | change).items() if v is not None}
     message = refused(*sets, values=[values_file(tmp_path, baseline)])
     assert expected in message, message
+
+
+@pytest.mark.parametrize(
+    ("threshold", "value"),
+    [("collapsedMeanAcceptanceLength", "1.5"), ("degradedMeanAcceptanceLength", "1.5"),
+     ("collapsedPosition0", "0.3"), ("degradedPosition0", "0.3")],
+)  # fmt: skip
+def test_a_threshold_beside_a_baseline_is_refused_as_the_sidecar_refuses_it(
+    tmp_path: Path, threshold: str, value: str
+) -> None:
+    """With a baseline the chart does not pass the four acceptance thresholds: a value set for
+    one would be ignored without a word, and the sidecar refuses the pair (baseline_file and a
+    threshold). The chart refuses it at render; minDrafts stays a setting of its own."""
+    values = [values_file(tmp_path, BASELINE)]
+    message = refused(f"sidecar.thresholds.{threshold}={value}", values=values)
+    assert f"sidecar.thresholds.{threshold} {value} is set beside sidecar.baseline" in message
+    with pytest.raises(UserError, match="baseline_file and verdict thresholds both given"):
+        settings_from(
+            build_parser().parse_args(["sidecar"]),
+            {"DFLASH_SIDECAR_BASELINE_FILE": str(tmp_path / "b.yaml"),
+             f"DFLASH_SIDECAR_{snake(threshold).upper()}": value},
+        )  # fmt: skip
+    render("sidecar.thresholds.minDrafts=50", values=values)  # allowed
+
+
+def snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)

@@ -55,6 +55,12 @@
 {{- if ne (toString .model) (toString $.Values.model.servedName) -}}
 {{- fail (printf "sidecar.baseline was measured on model %q, and the release serves %q (model.servedName): measure it on this model" (toString .model) (toString $.Values.model.servedName)) -}}
 {{- end -}}
+{{- range $path, $default := ($.Files.Get "files/sidecar-rules.yaml" | fromYaml).baselineSets -}}
+{{- $raw := include "dflash-serve.valueAt" (dict "root" $.Values "path" $path) -}}
+{{- if ne (float64 $raw) (float64 $default) -}}
+{{- fail (printf "%s %s is set beside sidecar.baseline, which sets the acceptance thresholds itself (as fractions of it; the sidecar refuses both): drop one" $path $raw) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- include "dflash-serve.validateDoor" . -}}
 {{- include "dflash-serve.validateNames" . -}}

@@ -49,17 +49,27 @@ def value_path(setting: Setting, values: dict[str, Any]) -> str | None:
 def rules(values: dict[str, Any]) -> dict[str, Any]:
     numbers: dict[str, dict[str, float | bool]] = {}
     patterns: dict[str, str] = {}
+    # The thresholds a baseline sets (all but min_drafts), at the sidecar's defaults: with
+    # sidecar.baseline the sidecar refuses any other value of them.
+    baseline_sets: dict[str, float] = {}
     for setting in settings_spec():
         path = value_path(setting, values)
         if path is None:
             continue
+        if setting.threshold and setting.name != "min_drafts":
+            baseline_sets[path] = float(setting.field.default)
         if setting.field.annotation in (int, float):
             numbers[path] = number_limits(setting)
         for item in setting.field.metadata:
             pattern = getattr(item, "pattern", None)
             if pattern is not None:
                 patterns[path] = str(pattern)
-    return {"numbers": numbers, "patterns": patterns, "windowPattern": WINDOW_PATTERN}
+    return {
+        "numbers": numbers,
+        "patterns": patterns,
+        "windowPattern": WINDOW_PATTERN,
+        "baselineSets": baseline_sets,
+    }
 
 
 def render_sidecar_rules() -> str:
