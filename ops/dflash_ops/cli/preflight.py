@@ -16,6 +16,7 @@ from typing import Any
 from dflash_ops.chart.helm import helm_template
 from dflash_ops.chart.values import add_values_arguments, values_files
 from dflash_ops.cli.arguments import kubernetes_name
+from dflash_ops.cli.extras import require_extra
 from dflash_ops.errors import UserError
 from dflash_ops.preflight.checks import check_cluster, report
 from dflash_ops.preflight.kubernetes_cluster import KubernetesCluster
@@ -45,6 +46,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("kubernetes", ("kubernetes",), "dflash-serve preflight")
     rendered = helm_template(values_files(args), args.sets, args.release, args.namespace)
     needs = needs_from_render(rendered)
     cluster = KubernetesCluster(args.kubeconfig, args.context)

@@ -22,6 +22,7 @@ from dflash_ops.cli.arguments import (
     number,
     number_list,
 )
+from dflash_ops.cli.extras import require_extra
 from dflash_ops.errors import UserError
 
 if TYPE_CHECKING:
@@ -416,13 +417,7 @@ def check_out(out: Path) -> None:
 
 
 def needs_bench_extra() -> None:
-    import importlib.util
-
-    missing = [m for m in ("aiohttp", "matplotlib") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise UserError(
-            f"the benchmark needs {', '.join(missing)}: pip install 'dflash-serve[bench]'"
-        )
+    require_extra("bench", ("aiohttp", "matplotlib", "numpy"), "the benchmark")
 
 
 DEFAULT_INPUT_LEN = 256  # tokens (vllm bench serve: 1024; this CPU engine is slow)
