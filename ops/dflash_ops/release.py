@@ -127,7 +127,10 @@ class Release:
         """Copy and sign one image; its manifest digest."""
         with tempfile.TemporaryDirectory() as scratch:
             digest_file = Path(scratch) / "digest"
-            run(["skopeo", "copy", "--quiet", "--retry-times", "2", *self.tls("dest"),
+            # --remove-signatures: signatures the local copy may carry (one pulled back under a
+            # policy keeps them) would forbid recompressing its layers; the release signs anew.
+            run(["skopeo", "copy", "--quiet", "--retry-times", "2", "--remove-signatures",
+                 *self.tls("dest"),
                  "--registries.d", str(self.registries_d(staging=True)),
                  "--sign-by", self.sign_key, "--digestfile", str(digest_file),
                  f"{self.source}:{image.local}", f"docker://{self.registry}/{image.remote}"],

@@ -89,6 +89,18 @@ def released(
     gnupg = work / "gnupg"
     gnupg.mkdir(mode=0o700)
     keys = os.environ | {"GNUPGHOME": str(gnupg)}
+    try:
+        yield release(registry, work, keys)
+    finally:
+        # The signing started a gpg-agent for the throw-away keyring: nothing is left running
+        # (the agent may outlive gpgconf's request by a moment; pkill makes sure).
+        subprocess.run(["gpgconf", "--kill", "all"], env=keys, capture_output=True, check=False)
+        subprocess.run(["pkill", "-f", f"gpg-agent --homedir {gnupg}"], capture_output=True,
+                       check=False)  # fmt: skip
+
+
+def release(registry: str, work: Path, keys: dict[str, str]) -> tuple[str, Path, dict[str, Any]]:
+    """A throw-away key, then the release with it."""
     subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key",
                     "dflash-serve release test <release-test@dflash-serve.invalid>", "ed25519",
                     "sign", "1d"], env=keys, check=True, capture_output=True)  # fmt: skip
@@ -106,18 +118,19 @@ def released(
     assert done.returncode == 0, done.stderr[-3000:]
     published = json.loads(done.stdout)
     assert published == json.loads((out / "published.json").read_text())
-    yield f"{registry}/dflash-serve", out, published
-    subprocess.run(["podman", "rmi", "-f", *(f"localhost/release-check/{n}:pulled"
-                                              for n in RELEASED)],
-                   capture_output=True, env=env(), check=False)  # fmt: skip
+    return f"{registry}/dflash-serve", out, published
 
 
 def verified_pull(out: Path, reference: str, name: str) -> subprocess.CompletedProcess[str]:
-    """A pull into podman's store, under the release's policy and registries.d."""
-    into = f"containers-storage:localhost/release-check/{name}:pulled"
+    """A pull under the release's policy and registries.d, into a directory of its own: pulled
+    into podman's store, the verified signatures would stay on the local image the build made
+    (the same image), shared with every other test."""
+    into = out / "pulled" / name
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
     return skopeo("copy", "--quiet", "--src-tls-verify=false", "--policy",
                   str(out / "policy.json"), "--registries.d", str(out / "registries.d"),
-                  f"docker://{reference}", into, check=False)  # fmt: skip
+                  f"docker://{reference}", f"dir:{into}", check=False)  # fmt: skip
 
 
 def test_the_chart_from_the_registry_renders_what_the_checkout_renders(
