@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
 
-from dflash_ops.speculative_config import speculative_config, speculative_config_args
+from dflash_ops.speculative_config import speculative_config_args
 from dflash_ops.speculative_schedule import (
     Schedule,
     ScheduleError,
@@ -101,16 +101,9 @@ class SpeculativeSetting:
             return NotImplemented
         return self._sort_key() < other._sort_key()
 
-    def speculative_config(self, draft_model: str | None = None) -> dict[str, object] | None:
-        """vLLM's speculative config, or None when off."""
-        if not self.speculating:
-            return None
-        return speculative_config(self.method, self.k, draft_model, self.schedule)
-
     def engine_args(self, draft_model: str | None = None) -> list[str]:
-        """`--speculative-config JSON`, or nothing when off."""
-        if not self.speculating:
-            return []
+        """`--speculative-config JSON`, or nothing when off (speculative_config's rule: method
+        off or k 0)."""
         return speculative_config_args(self.method, self.k, draft_model, self.schedule)
 
     def chart_values(self, draft_model: str | None = None) -> dict[str, object]:

@@ -148,7 +148,7 @@ def setting_bench(plan: SweepPlan, setting: Setting) -> BenchSettings:
     flags: the vLLM-format export of each point (`vllm bench sweep plot SWEEP --curve-by
     num_speculative_tokens`) tells the settings apart."""
     names = {
-        "speculative_method": setting.method if setting.k and setting.method else "off",
+        "speculative_method": setting.method if setting.speculating else "off",
         "num_speculative_tokens": str(setting.k),
     }
     if setting.schedule is not None:
