@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_ops.chart.helm import helm_binary
 from dflash_ops.errors import UserError
 from dflash_ops.paths import CHART_DIR, REPO_ROOT
 
@@ -75,14 +76,15 @@ def images(local_prefix: str, version: str) -> dict[str, Image]:
     }  # fmt: skip
 
 
-def run(argv: list[str], what: str) -> str:
+def run(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    """A tool run to completion; a missing tool or a failure is one line naming `what`."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
     except FileNotFoundError:
         raise UserError(f"{argv[0]} not found ({what}): make setup installs it") from None
     if done.returncode != 0:
         raise UserError(f"{what} failed: {last_message(done.stderr or done.stdout)}")
-    return str(done.stdout)
+    return done
 
 
 def last_message(output: str) -> str:
@@ -142,7 +144,7 @@ class Release:
         engine = "podman" if self.source == "containers-storage" else "docker"
         listed = run([engine, "run", "--rm", "--network=none", "--entrypoint", "python3",
                       image.local, "-c", LIST_DISTRIBUTIONS],
-                     f"listing the Python distributions in {image.local}")  # fmt: skip
+                     f"listing the Python distributions in {image.local}").stdout  # fmt: skip
         generator = REPO_ROOT / ".venv-sbom" / "bin" / "cyclonedx-py"
         with tempfile.TemporaryDirectory() as scratch:
             requirements = Path(scratch) / "requirements.txt"
@@ -167,7 +169,7 @@ class Release:
     def push_chart(self, pushed: dict[str, tuple[Image, str]]) -> tuple[str, str]:
         """The chart with the images' references by digest, version self.version; its
         reference and digest."""
-        helm = str(REPO_ROOT / ".cache" / "bin" / "helm")
+        helm = helm_binary()
         with tempfile.TemporaryDirectory() as scratch:
             chart = Path(scratch) / "dflash-serve"
             shutil.copytree(CHART_DIR, chart)
@@ -182,19 +184,15 @@ class Release:
                 "helm package")  # fmt: skip
             package = Path(scratch) / f"dflash-serve-{self.version}.tgz"
             plain = ["--plain-http"] if self.plain_http else []
-            done = subprocess.run(
-                [helm, "push", str(package), f"oci://{self.registry}/charts", *plain],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-        if done.returncode != 0:
-            raise UserError(f"helm push failed: {done.stderr.strip()[-800:]}")
+            done = run([helm, "push", str(package), f"oci://{self.registry}/charts", *plain],
+                       "helm push")  # fmt: skip
         # helm prints the digest on standard error.
         found = re.search(r"Digest: (sha256:[0-9a-f]{64})", done.stdout + done.stderr)
         return f"oci://{self.registry}/charts/dflash-serve", found.group(1) if found else ""
 
     def verification_files(self) -> None:
         """policy.json, registries.d and the public key a cluster verifies the images with."""
-        key = run(["gpg", "--armor", "--export", self.sign_key], "exporting the signing key")
+        key = run(["gpg", "--armor", "--export", self.sign_key], "exporting the signing key").stdout
         if "BEGIN PGP PUBLIC KEY BLOCK" not in key:
             raise UserError(f"--sign-key {self.sign_key}: gpg has no such key")
         (self.out / "release-key.asc").write_text(key)
