@@ -55,12 +55,6 @@
 {{- if ne (toString .model) (toString $.Values.model.servedName) -}}
 {{- fail (printf "sidecar.baseline was measured on model %q, and the release serves %q (model.servedName): measure it on this model" (toString .model) (toString $.Values.model.servedName)) -}}
 {{- end -}}
-{{- range $path, $default := ($.Files.Get "files/sidecar-rules.yaml" | fromYaml).baselineSets -}}
-{{- $raw := include "dflash-serve.valueAt" (dict "root" $.Values "path" $path) -}}
-{{- if ne (float64 $raw) (float64 $default) -}}
-{{- fail (printf "%s %s is set beside sidecar.baseline, which sets the acceptance thresholds itself (as fractions of it; the sidecar refuses both): drop one" $path $raw) -}}
-{{- end -}}
-{{- end -}}
 {{- end -}}
 {{- include "dflash-serve.validateDoor" . -}}
 {{- include "dflash-serve.validateNames" . -}}
@@ -267,6 +261,13 @@ same answers. */}}
 {{- fail (printf "sidecar.verdictWindow %q is not one of sidecar.windows %q" (toString $s.verdictWindow) (toString $s.windows)) -}}
 {{- end -}}
 {{- $t := $s.thresholds -}}
+{{- if $s.baseline -}}
+{{- range $path, $default := $rules.baselineSets -}}
+{{- if ne (get $n $path) (float64 $default) -}}
+{{- fail (printf "%s %v is set beside sidecar.baseline, which sets the acceptance thresholds itself (as fractions of it; the sidecar refuses both): drop one" $path (get $n $path)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if gt (get $n "sidecar.thresholds.collapsedMeanAcceptanceLength") (get $n "sidecar.thresholds.degradedMeanAcceptanceLength") -}}
 {{- fail (printf "sidecar.thresholds.collapsedMeanAcceptanceLength %v must not exceed degradedMeanAcceptanceLength %v" $t.collapsedMeanAcceptanceLength $t.degradedMeanAcceptanceLength) -}}
 {{- end -}}
