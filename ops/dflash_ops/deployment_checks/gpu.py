@@ -53,8 +53,7 @@ class EngineDeployer:
 
     def apply(self, setting: Any) -> str:
         self.finish()
-        draft = self.args.draft if setting.method == "dflash" else None
-        extra = setting.engine_args(draft)
+        extra = setting.engine_args(self.args.draft)  # only a draft method reads the draft
         self.engine = Engine(self.args, setting.key, extra).__enter__()
         return self.engine.url
 
@@ -171,7 +170,7 @@ def dry_run(args: argparse.Namespace, block: int, per_k: dict[str, int]) -> str:
     """The plan, each engine's command line (a line each, first), then each engine's steps."""
     lines = [f"plan: block size {block} at k=7 ({args.gpu}, TP2); per k: {per_k}"]
     for planned in ENGINES:
-        engine = Engine(args, planned.name, planned.engine_args(args.draft))
+        engine = Engine(args, planned.name, planned.setting.engine_args(args.draft))
         lines.append(f"{planned.name}: {shlex.join(engine.argv)}")
     lines.append("steps:")
     lines += [f"  before the engines: {step_line(step)}" for step in BEFORE]

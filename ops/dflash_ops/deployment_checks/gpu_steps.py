@@ -268,9 +268,6 @@ class EngineSteps:
     during: tuple[Step, ...]
     after: tuple[Final, ...] = ()
 
-    def engine_args(self, draft: str) -> list[str]:
-        return self.setting.engine_args(draft if self.setting.method == "dflash" else None)
-
 
 BEFORE: tuple[Final, ...] = (series_applied,)
 ENGINES = (
@@ -303,7 +300,8 @@ def run_steps(run: Run) -> None:
         for final in BEFORE:
             final(run)
         for planned in ENGINES:
-            with Engine(run.args, planned.name, planned.engine_args(run.args.draft)) as engine:
+            extra = planned.setting.engine_args(run.args.draft)
+            with Engine(run.args, planned.name, extra) as engine:
                 for step in planned.during:
                     step(run, engine)
             for final in planned.after:
