@@ -413,7 +413,7 @@ def check_vllm_serves_through_the_door(work: Path, api_port: int) -> None:
     key, not without."""
     from dflash_ops.local import keys
 
-    from tests.ops.test_door import running_door
+    from tests.ops.local.test_door import running_door
 
     door_home = work / "door"
     door_home.mkdir()
