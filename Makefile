@@ -61,7 +61,7 @@ test: phases-reset lint typecheck images-local ## lint, type checks, images, the
 check: phases-reset lint typecheck ## lint, types and every test without an engine or an image (the quick loop)
 	@PASS1_WORKERS=2 bash ops/setup/run-tests.sh -q -m "not e2e and not heavy_images" --ignore=tests/docker --ignore=tests/e2e $(PYTEST_ARGS)
 
-generate: setup ## regenerate every committed generated file (dashboards, chart tables, examples, schema limits, README quotes, patch manifest)
+generate: setup ## regenerate every committed generated file (dashboards, chart tables, examples, schema limits, the plan quotes in docs/planning.md, patch manifest)
 	@$(PY) -m dflash_ops.generate
 
 generate-check: setup ## fail if a committed generated file is stale

@@ -51,3 +51,17 @@ def test_the_code_map_names_every_package_and_root_module() -> None:
     modules = {p.name for p in OPS.glob("*.py") if p.name != "__init__.py"}
     missing = sorted((packages | modules) - words)
     assert not missing, f"docs/code-map.md's Layout does not name: {', '.join(missing)}"
+
+
+def test_the_readme_is_a_front_door_whose_links_resolve() -> None:
+    """Under 150 lines (what, try it locally, install on a cluster, where next), and every
+    relative link in it names a file of the checkout (mkdocs checks only the pages under docs/)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 150
+    for heading in ("## Try it locally", "## Install on a cluster", "## Where next"):
+        assert f"\n{heading}\n" in text, heading
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    relative = [link for link in links if "://" not in link]
+    assert relative, "the README links into the docs"
+    missing = [link for link in relative if not (REPO_ROOT / link).exists()]
+    assert not missing, f"README links to files that are not there: {missing}"

@@ -5,8 +5,8 @@
 
 The files: the Grafana dashboards, the chart's block-size and KV-capacity tables, the chart's
 rendered examples, the limits in values.schema.json that come from the planner, the sidecar's
-limits the chart checks (files/sidecar-rules.yaml), the README's
-plan quotes, and the patch manifest (from the pinned vLLM wheel in .cache/wheels).
+limits the chart checks (files/sidecar-rules.yaml), the plan quotes in
+docs/planning.md, and the patch manifest (from the pinned vLLM wheel in .cache/wheels).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_ops.paths import CHART_DIR, DASHBOARDS_DIR, PROFILES_DIR, README, REPO_ROOT
+from dflash_ops.paths import CHART_DIR, DASHBOARDS_DIR, PLANNING_DOC, PROFILES_DIR, REPO_ROOT
 from dflash_ops.vocabulary import (
     CHART_METHODS,
     DOOR_PATH_PATTERN,
@@ -83,10 +83,10 @@ def _vocabulary() -> str:
     )
 
 
-def _readme() -> str:
-    from dflash_ops.chart.generated_files import render_readme
+def _plan_quotes() -> str:
+    from dflash_ops.chart.generated_files import render_plan_quotes
 
-    return render_readme(README.read_text())
+    return render_plan_quotes(PLANNING_DOC.read_text())
 
 
 def _manifest() -> str:
@@ -156,7 +156,7 @@ def targets() -> list[Generated]:
             Generated(EXAMPLES_DIR / profile.name, _example(profile))
             for profile in sorted(PROFILES_DIR.glob("*.yaml"))
         ),
-        Generated(README, _readme),
+        Generated(PLANNING_DOC, _plan_quotes),
         Generated(SERIES_DIR / MANIFEST_NAME, _manifest),
     ]
 

@@ -2,7 +2,7 @@
 
 From a checkout (or an editable install) they are the repository's own files; installed from a
 wheel, the copies the build bundles in dflash_ops/assets (setup.py). Paths that only exist in a
-checkout (the README, the tools `make setup` fetches) say so where they are used.
+checkout (the docs, the tools `make setup` fetches) say so where they are used.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ASSETS = PACKAGE_DIR / "assets"
 INSTALLED = ASSETS.is_dir()
 
 REPO_ROOT = PACKAGE_DIR.parents[1]
-README = REPO_ROOT / "README.md"
+PLANNING_DOC = REPO_ROOT / "docs" / "planning.md"
 TOOLS_BIN = REPO_ROOT / ".cache" / "bin"
 
 CHART_DIR = ASSETS / "chart" if INSTALLED else REPO_ROOT / "charts" / "dflash-serve"

@@ -104,7 +104,7 @@ def test_suspension(rendered: dict[str, Any]) -> None:
     assert health(obj)[0] == "Suspended"
 
 
-def test_the_readme_installs_it_under_argo_cds_key() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
+def test_the_docs_install_it_under_argo_cds_key() -> None:
+    readme = (REPO_ROOT / "docs" / "day2.md").read_text()
     assert "resource.customizations.health.ray.io_RayCluster" in readme
     assert "files/argocd/raycluster-health.lua" in readme

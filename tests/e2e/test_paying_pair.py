@@ -1,7 +1,7 @@
 """The paying pair on a real vLLM CPU engine, started as a user starts it (`local up --models
 paying`): served under its name, a draft of the target's first layers accepted like a real draft
 (high at the first position, decaying by position). Its speed-up over `off` is benchmark output
-(README "A model pair where speculation pays"), not a timed test."""
+(docs/local-stack.md), not a timed test."""
 
 from __future__ import annotations
 

@@ -37,9 +37,9 @@ def test_cache_aware_routing_keeps_the_single_replica_hit_rate(tmp_path: Path) -
     # kv_aware against it, depend on when each engine's cache and the router's view of it are
     # updated relative to the next request (runs of one commit on this 2-core machine: once
     # cache_aware sent everything to one replica and round_robin matched its hit rate, once
-    # kv_aware fell to 0.85x of round_robin): the README's measurement reports them; here, what
-    # does not depend on timing. cache_aware routed on the prefixes it saw (through vLLM's render
-    # endpoints, which the engines serve only with --enable-scale-out), not blindly.
+    # kv_aware fell to 0.85x of round_robin): docs/replicas.md's measurement reports them; here,
+    # what does not depend on timing. cache_aware routed on the prefixes it saw (through vLLM's
+    # render endpoints, which the engines serve only with --enable-scale-out), not blindly.
     decisions = (tmp_path / "stacks" / "router-cache_aware.metrics").read_text()
     assert 'outcome="prefix_hit"' in decisions
     # kv_aware placed requests by the KV-cache events the engines published (ZMQ), not blind.

@@ -1,6 +1,6 @@
 """`make generate-check`: every committed generated file equals what its generator makes now
 (dashboards, the chart's block-size and KV-capacity tables, the rendered examples, the schema's
-planner limits, the README's plan quotes, the patch manifest)."""
+planner limits, the plan quotes in docs/planning.md, the patch manifest)."""
 
 from __future__ import annotations
 

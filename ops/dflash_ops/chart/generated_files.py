@@ -5,8 +5,8 @@
 block-sizes.yaml: the chart looks up `auto` block sizes here and validates explicit ones against
 the same rule. kv-capacity.yaml: the KV-cache plan of the chart's defaults and each profile,
 keyed by what the plan depends on, which NOTES.txt quotes when the release matches one. The
-README's capacity table (between `<!-- plan-capacity: ARGS -->` markers) is the plan's output for
-ARGS. Tests regenerate all three and require them unchanged.
+capacity table in docs/planning.md (between `<!-- plan-capacity: ARGS -->` markers) is the
+plan's output for ARGS. Tests regenerate all three and require them unchanged.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from dflash_ops.vocabulary import MAX_K
 
 BLOCK_SIZES = CHART_FILES_DIR / "block-sizes.yaml"
 KV_CAPACITY = CHART_FILES_DIR / "kv-capacity.yaml"
-README_MARKER = re.compile(r"(<!-- plan-capacity: (.+?) -->\n)(.*?)(<!-- /plan-capacity -->)", re.S)
+PLAN_QUOTE_MARKER = re.compile(
+    r"(<!-- plan-capacity: (.+?) -->\n)(.*?)(<!-- /plan-capacity -->)", re.S
+)
 TP_SIZES = (1, 2, 4, 8)
 KV_DTYPES = ("auto", "fp8")
 
@@ -186,9 +188,9 @@ def plan_capacity_text(args: str) -> str:
     return "\n".join(render_capacity(plan)).replace(", closed-form engine", "") + "\n"
 
 
-def render_readme(text: str) -> str:
+def render_plan_quotes(text: str) -> str:
     def quote(match: re.Match[str]) -> str:
         body = plan_capacity_text(match.group(2))
         return f"{match.group(1)}```text\n{body}```\n{match.group(4)}"
 
-    return README_MARKER.sub(quote, text)
+    return PLAN_QUOTE_MARKER.sub(quote, text)

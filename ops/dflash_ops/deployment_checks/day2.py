@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Day-2 acceptance on a real GPU cluster: install, test, auth, drain, upgrade, rollback,
-uninstall, as the README describes them, checked and printed as one table.
+uninstall, as docs/day2.md describes them, checked and printed as one table.
 
     python -m dflash_ops.deployment_checks.day2 -n llm [--profile NAME] [-f values.yaml] \\
         [--set key=value ...] [--api-key-secret vllm-api-key] [--dry-run]

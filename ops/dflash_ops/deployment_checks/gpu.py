@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU acceptance of the patch series: every claim the README makes about the GPU path, checked
+"""GPU acceptance of the patch series: every claim the docs make about the GPU path, checked
 on 2x A100-80GB (or H100) inside the patched image, and printed as one table.
 
     python -m dflash_ops.deployment_checks.gpu --model /models/Qwen3.8-Flash-Next-AWQ \\

@@ -32,7 +32,7 @@ from dflash_ops.local.tiny_model import TinyModelSpec, qwen3_config, random_qwen
 
 class PayingPairSpec(TinyModelSpec):
     """Shape of the pair (the tiny pair's fields, larger); the defaults were chosen by
-    measurement on a 2-core machine (README "A model pair where speculation pays")."""
+    measurement on a 2-core machine (docs/local-stack.md)."""
 
     hidden_size: int = 1024
     intermediate_size: int = 2816

@@ -157,7 +157,7 @@ def _prepare_keys(config: StackConfig, api_key: str | None, running: bool) -> No
 
 
 def rotate_key(state_dir: Path, new_key: str | None) -> str:
-    """Rotate the running stack's API key in two steps, as README "Rotating the API key" does
+    """Rotate the running stack's API key in two steps, as the docs' "Rotating the API key" does
     with the chart's Secret: with a new key, the doors accept it beside the current one; with
     None (`--finish`), the new key becomes the only one. No process restarts."""
     with directory_lock.holding(state_dir, "rotate the key"):

@@ -249,7 +249,7 @@ def speculative_decoding() -> dict[str, Any]:
         "Predicted from the per-position acceptance of the running draft: 1 + the accepted "
         "tokens at the first k positions per draft. A line at or above the running k shows the "
         "measured mean acceptance length (there are no further positions). If a smaller k "
-        "keeps most of it, it costs fewer KV blocks per request: see README, Choosing k.",
+        "keeps most of it, it costs fewer KV blocks per request: see the docs, Choosing k.",
         "none",
         [
             (

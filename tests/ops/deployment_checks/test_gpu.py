@@ -1,4 +1,4 @@
-"""The GPU acceptance script on CPU: its dry run, and that it checks what the README claims."""
+"""The GPU acceptance script on CPU: its dry run, and that it checks what the docs claim."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_the_dry_run_names_every_step_and_every_check_lives_in_one(tmp_path: Pat
 
 
 def test_sync_check_every_gpu_claim_has_a_check() -> None:
-    """A sync check of the script against the README's GPU claims (the dry run above runs it)."""
+    """A sync check of the script against the docs' GPU claims (the dry run above runs it)."""
     source = STEPS.read_text()
     for claim in (
         "automatic block size (no --block-size)",
