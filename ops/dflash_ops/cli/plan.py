@@ -16,7 +16,7 @@ from dflash_ops.vocabulary import CHART_METHODS, MAX_K
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "plan",
-        help="compute the block size vLLM 0.33.0 needs for a Qwen4Exp checkpoint",
+        help="compute the block size vLLM 0.33.0 needs for a Qwen4Exp or GLM-5.3-Flash checkpoint",
         description=(
             "Compute the attention page, the Mamba page, the kernel alignment, the automatic "
             "block size vLLM 0.33.0 picks, the QSA ring capacity and the smallest valid block "
@@ -26,7 +26,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--config",
-        help="checkpoint config.json or directory (default: the bundled Qwen3.8-Flash-Next)",
+        help="checkpoint config.json or directory (default: the bundled config of --model)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        help="the model whose bundled config to plan when no --config is given (default "
+        "qwen3.8-flash-next); GLM-5.3-Flash plans its block size only",
     )
     parser.add_argument("--gpu", default="a100", choices=sorted(GPUS), help="GPU product")
     parser.add_argument(
@@ -164,12 +170,75 @@ def measure_weights_gib(directory: str, tp: int) -> float:
     return sum(f.stat().st_size for f in files) / tp / 1024**3
 
 
+# The bundled reference config of each model --model names.
+MODELS = {"qwen3.8-flash-next": None, "glm-5.3-flash": "glm"}
+# Inputs of the KV-cache plan, which GLM-5.3-Flash does not have yet: refused when given.
+CAPACITY_FLAGS = {
+    "gpu_memory_gib": None,
+    "gpu_memory_utilization": 0.90,
+    "weights_gib": None,
+    "weights_from": None,
+    "draft_weights_gib": None,
+    "draft_config": None,
+    "profile_reserve_gib": DEFAULT_PROFILE_RESERVE_GIB,
+    "max_model_len": None,
+    "max_num_batched_tokens": None,
+    "context_lengths": "8k,32k,64k",
+    "schedule": None,
+    "draft_model": None,
+}
+
+
+def run_glm5_next(args: argparse.Namespace, config: str | None) -> int:
+    from dflash_ops.plan import glm5_next, glm5_next_report
+    from dflash_ops.plan.checkpoint import read_config
+    from dflash_ops.plan.planner import parse_k
+
+    given = [
+        "--" + name.replace("_", "-")
+        for name, default in CAPACITY_FLAGS.items()
+        if getattr(args, name) != default
+    ]
+    if given:
+        raise UserError(f"{', '.join(given)}: {glm5_next_report.NOT_PLANNED}; leave {given[0]} out")
+    path, raw = (
+        read_config(config, "checkpoint config")
+        if config
+        else (glm5_next.reference_config_path(), None)
+    )
+    if raw is None:
+        import json
+
+        raw = json.loads(path.read_text())
+    ckpt = glm5_next.read_glm5_next(path, raw)
+    ks = [0] if args.method == "off" else parse_k(args.k)
+    plan = glm5_next_report.make_glm5_next_plan(
+        ckpt,
+        gpu=args.gpu,
+        tp=args.tp,
+        ks=ks,
+        kv_cache_dtype=args.kv_cache_dtype,
+        engine=args.engine,
+    )
+    sys.stdout.write(glm5_next_report.render(plan, args.format))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from dflash_ops.plan.checkpoint import load_checkpoint
+    from dflash_ops.plan.checkpoint import load_checkpoint, model_type_of
     from dflash_ops.plan.draft import load_draft_profile
+    from dflash_ops.plan.glm5_next import MODEL_TYPES as GLM5_NEXT_TYPES
     from dflash_ops.plan.output import render
     from dflash_ops.plan.planner import make_plan, parse_k
 
+    if args.config is None and args.model == "glm-5.3-flash":
+        return run_glm5_next(args, None)
+    if args.config is not None:
+        model_type = model_type_of(args.config)
+        if model_type in GLM5_NEXT_TYPES:
+            if args.model not in (None, "glm-5.3-flash"):
+                raise UserError(f"--model {args.model}: --config {args.config} is GLM-5.3-Flash")
+            return run_glm5_next(args, args.config)
     ks = parse_k(args.k)
     ckpt = load_checkpoint(args.config)
     if args.weights_gib is not None and args.weights_from:

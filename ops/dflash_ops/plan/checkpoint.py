@@ -110,6 +110,14 @@ def read_config(path: str | Path, what: str) -> tuple[Path, dict[str, Any]]:
     return candidate, read_json(candidate, what)
 
 
+def model_type_of(path: str | Path) -> str | None:
+    """The model type a checkpoint config declares (its text config's first)."""
+    _, raw = read_config(path, "checkpoint config")
+    text = raw.get("text_config", raw)
+    value = text.get("model_type", raw.get("model_type")) if isinstance(text, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
     """Read and validate a checkpoint config; the bundled reference when `path` is None."""
     if path is None:
@@ -122,7 +130,8 @@ def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(
             f"{config_path}: model_type {model_type!r} is not supported by the planner "
-            f"(known: {', '.join(SUPPORTED_MODEL_TYPES)}); it plans Qwen4Exp hybrid checkpoints"
+            f"(known: {', '.join(SUPPORTED_MODEL_TYPES)}, and GLM-5.3-Flash's glm5_next); it plans "
+            "Qwen4Exp hybrid checkpoints and GLM-5.3-Flash block sizes"
         )
     missing = [name for name in _REQUIRED if name not in text and name != "model_type"]
     if missing:

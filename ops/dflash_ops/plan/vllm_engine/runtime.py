@@ -162,13 +162,30 @@ def prefill_checkpoint_alignment(value: int | None) -> Iterator[None]:
 
 
 @cache
-def checkpoint_model_config(config_path: str, architecture: str) -> Any:
+def checkpoint_model_config(config_path: str, architecture: str, model_cls: Any = None) -> Any:
+    """A real `ModelConfig` of the checkpoint config, its architecture served by a planning
+    stand-in (`model_cls`, Qwen4Exp's by default)."""
     v = vllm_modules()
-    v["ModelRegistry"].register_model(architecture, v["Qwen4ExpForPlanning"])
+    v["ModelRegistry"].register_model(architecture, model_cls or v["Qwen4ExpForPlanning"])
     # ModelConfig wants a checkpoint directory; the config alone is enough without a tokenizer.
     directory = Path(tempfile.mkdtemp(prefix="dflash-plan-"))
     (directory / "config.json").write_bytes(Path(config_path).read_bytes())
     return v["ModelConfig"](model=str(directory), skip_tokenizer_init=True, dtype="auto")
+
+
+def ngram_speculative_config(k: int, model_config: Any, parallel_config: Any) -> Any:
+    """Speculation with k tokens for planning: the block size and KV cache depend on the method
+    only through k, and n-gram needs no draft checkpoint. None for k 0."""
+    if k == 0:
+        return None
+    return vllm_modules()["SpeculativeConfig"](
+        method="ngram",
+        num_speculative_tokens=k,
+        prompt_lookup_max=3,
+        prompt_lookup_min=2,
+        target_model_config=model_config,
+        target_parallel_config=parallel_config,
+    )
 
 
 def build_vllm_config(ckpt: HybridCheckpoint, inputs: BlockSizeInputs) -> Any:
@@ -181,16 +198,7 @@ def build_vllm_config(ckpt: HybridCheckpoint, inputs: BlockSizeInputs) -> Any:
     parallel_config = v["ParallelConfig"](
         tensor_parallel_size=inputs.tp, enable_expert_parallel=True
     )
-    speculative = None
-    if inputs.k > 0:
-        speculative = v["SpeculativeConfig"](
-            method="ngram",
-            num_speculative_tokens=inputs.k,
-            prompt_lookup_max=3,
-            prompt_lookup_min=2,
-            target_model_config=model_config,
-            target_parallel_config=parallel_config,
-        )
+    speculative = ngram_speculative_config(inputs.k, model_config, parallel_config)
     return v["VllmConfig"](
         model_config=model_config,
         cache_config=v["CacheConfig"](

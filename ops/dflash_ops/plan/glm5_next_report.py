@@ -1,0 +1,141 @@
+"""`dflash-serve plan` for a GLM-5.3-Flash checkpoint: the block size per k, what vLLM 0.33.0
+refuses said in one line, and what is not planned for it yet said in the output."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from dflash_ops.errors import UserError
+from dflash_ops.plan.glm5_next import (
+    DISPLAY_NAME,
+    SPARSE_MLA_GPUS,
+    Glm5NextBlockSizePlan,
+    Glm5NextCheckpoint,
+    plan_block_size,
+)
+from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
+
+NOT_PLANNED = (
+    "KV capacity and chart values are planned for Qwen3.8-Flash-Next only so far; "
+    "for GLM-5.3-Flash this plan gives the block size"
+)
+TP_SIZES = (1, 2, 4, 8)
+
+
+class Glm5NextPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    checkpoint: str
+    gpu: str
+    tp: int
+    kv_cache_dtype: KvCacheDtype
+    engine: Literal["vllm", "closed-form"]
+    plans: list[Glm5NextBlockSizePlan]
+    not_planned: str = NOT_PLANNED
+
+
+def check_supported(ckpt: Glm5NextCheckpoint, gpu: str, tp: int) -> None:
+    if ckpt.sparse and gpu not in SPARSE_MLA_GPUS:
+        raise UserError(
+            f"--gpu {gpu}: {DISPLAY_NAME}'s attention is sparse MLA (index_topk "
+            f"{ckpt.index_topk}) and vLLM 0.33.0 has no sparse MLA backend for it (they need "
+            f"SM90 or SM100): use --gpu {', '.join(SPARSE_MLA_GPUS)}"
+        )
+    heads = ckpt.tp_heads()
+    bad = [f"{name}={value}" for name, value in heads.items() if value % tp]
+    if bad:
+        valid = [t for t in TP_SIZES if all(v % t == 0 for v in heads.values())]
+        raise UserError(
+            f"--tp {tp} does not divide {', '.join(bad)}; valid tensor-parallel sizes for "
+            f"{DISPLAY_NAME}: {', '.join(map(str, valid))}"
+        )
+
+
+def make_glm5_next_plan(
+    ckpt: Glm5NextCheckpoint,
+    *,
+    gpu: str,
+    tp: int,
+    ks: list[int],
+    kv_cache_dtype: KvCacheDtype,
+    engine: Literal["auto", "vllm", "closed-form"],
+) -> Glm5NextPlan:
+    from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION, vllm_available
+
+    check_supported(ckpt, gpu, tp)
+    compute = plan_block_size
+    engine_name: Literal["vllm", "closed-form"] = "closed-form"
+    if engine != "closed-form" and vllm_available():
+        from dflash_ops.plan.vllm_engine import glm5_next
+
+        compute, engine_name = glm5_next.plan_block_size, "vllm"
+    elif engine == "vllm":
+        raise UserError(
+            f"--engine vllm needs vllm=={REQUIRED_VLLM_VERSION} importable "
+            "(run in .venv-vllm033, or use --engine closed-form)"
+        )
+    plans = [
+        compute(ckpt, BlockSizeInputs(gpu=gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, k=k))
+        for k in ks
+    ]
+    return Glm5NextPlan(
+        model=DISPLAY_NAME,
+        checkpoint=ckpt.source,
+        gpu=gpu,
+        tp=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        engine=engine_name,
+        plans=plans,
+    )
+
+
+def render_table(plan: Glm5NextPlan) -> str:
+    first = plan.plans[0]
+    out = [
+        f"Checkpoint   {plan.checkpoint} ({plan.model})",
+        f"Target       {plan.gpu.upper()} x TP{plan.tp}, KV cache {plan.kv_cache_dtype} "
+        f"(runs {first.effective_kv_cache_dtype}), computed by the {plan.engine} engine",
+        "",
+        f"P  MLA latent page per token          {first.mla_page_bytes_per_token} B "
+        "((kv_lora_rank + qk_rope_head_dim) x KV dtype bytes, one per rank)",
+        "S  KDA state per request per rank     see per-k rows (q, k, v conv + float32 "
+        "recurrent state; k adds conv rows)",
+        f"a  alignment                          {first.kernel_alignment} (the DSA indexer's "
+        f"kernel pages of 32 pooled entries; sparse MLA backend {first.sparse_mla_backend})",
+        "B  automatic block size (vLLM 0.33.0) a * ceil(S / (a * P))",
+        "R  indexer tail ring                  index_kpool * next_pow2(ceil((index_kpool + k) "
+        "/ index_kpool)), must divide B",
+        "",
+    ]
+    header = ("k", "S bytes", "B auto", "R", "B starts?", "recommended")
+    rows = [
+        (
+            str(p.k),
+            str(p.kda_state_bytes),
+            str(p.automatic_block_size),
+            str(p.tail_ring),
+            "yes" if p.automatic_is_valid else "NO",
+            str(p.recommended_block_size),
+        )
+        for p in plan.plans
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        out.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    out += ["", f"{plan.not_planned}."]
+    return "\n".join(out) + "\n"
+
+
+def render(plan: Glm5NextPlan, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
+    if fmt == "helm-values":
+        raise UserError(
+            f"--format helm-values: the chart deploys Qwen3.8-Flash-Next only so far; "
+            f"for {DISPLAY_NAME} use --format table or json"
+        )
+    return render_table(plan)
