@@ -186,6 +186,7 @@ CAPACITY_FLAGS = {
     "context_lengths": "8k,32k,64k",
     "schedule": None,
     "draft_model": None,
+    "prefix_match_unit": 16,
 }
 
 
@@ -239,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
             if args.model not in (None, "glm-5.3-flash"):
                 raise UserError(f"--model {args.model}: --config {args.config} is GLM-5.3-Flash")
             return run_glm5_next(args, args.config)
+        if args.model == "glm-5.3-flash":
+            raise UserError(
+                f"--model glm-5.3-flash: --config {args.config} is {model_type or 'no model type'}"
+            )
     ks = parse_k(args.k)
     ckpt = load_checkpoint(args.config)
     if args.weights_gib is not None and args.weights_from:

@@ -102,6 +102,7 @@ def test_the_cli_plans_the_bundled_config_and_a_checkpoint_directory(tmp_path: P
         (("--gpu", "h100", "--format", "helm-values"), "the chart deploys Qwen3.8-Flash-Next only"),
         (("--gpu", "h100", "--weights-gib", "30"), "leave --weights-gib out"),
         (("--gpu", "h100", "--schedule", "1-4:7"), "leave --schedule out"),
+        (("--gpu", "h100", "--prefix-match-unit", "32"), "leave --prefix-match-unit out"),
     ],
 )
 def test_refusals_are_one_line(args: tuple[str, ...], says: str) -> None:
@@ -110,6 +111,9 @@ def test_refusals_are_one_line(args: tuple[str, ...], says: str) -> None:
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
-def test_a_glm_config_under_the_qwen_model_is_refused() -> None:
+def test_a_config_of_the_other_model_is_refused() -> None:
     done = plan_cli("--model", "qwen3.8-flash-next", "--config", str(CONFIG), "--gpu", "h100")
     assert done.returncode == 2 and "is GLM-5.3-Flash" in done.stderr, done.stderr
+    qwen = str(CONFIG.with_name("qwen3.8-flash-next.config.json"))
+    done = plan_cli("--model", "glm-5.3-flash", "--config", qwen, "--gpu", "h100")
+    assert done.returncode == 2 and "is qwen4_exp" in done.stderr, done.stderr
