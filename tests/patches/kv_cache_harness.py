@@ -471,9 +471,11 @@ def run(
 
 
 # Layouts the tests sweep. "production" scales the A100 TP2 geometry down (block 1680 -> 96, window
-# 2048 -> 128, unit 16); "draft-block-2x" has the sliding-window block twice the full-attention one,
-# where full attention meets the same-step copy too; "target-only" is 0.33.0's own fine-grained
-# path (no sliding-window group).
+# 2048 -> 128, unit 16); "glm-5.3" scales GLM-5.3-Flash's on H100 TP2 down the same way (block
+# 2560 -> 160, the draft's window 2048 -> 128: the only layout whose window is shorter than a
+# block); "draft-block-2x" has the sliding-window block twice the full-attention one, where full
+# attention meets the same-step copy too; "target-only" is 0.33.0's own fine-grained path (no
+# sliding-window group).
 GEOMETRIES: dict[str, tuple[Geometry, Workload]] = {
     "small": (Geometry(), Workload()),
     "draft-block-2x": (Geometry(block=16, sw_block=32, window=40, unit=8), Workload()),
@@ -485,6 +487,10 @@ GEOMETRIES: dict[str, tuple[Geometry, Workload]] = {
     ),
     "production": (
         Geometry(block=96, window=128, unit=16, num_blocks=40, max_batched=256),
+        Workload(family_len=(50, 420), suffix_len=(1, 120)),
+    ),
+    "glm-5.3": (
+        Geometry(block=160, window=128, unit=16, num_blocks=40, max_batched=256),
         Workload(family_len=(50, 420), suffix_len=(1, 120)),
     ),
     "target-only": (Geometry(draft=False), Workload()),
@@ -523,12 +529,19 @@ def main() -> None:
     for name in args.geometry:
         layout, workload = GEOMETRIES[name]
         started = time.monotonic()
+        totals = dict.fromkeys(("requests", "sub_block_hits", "copies", "preemptions"), 0)
         for seed in seeds:
             report = run(seed, layout, workload, same_step_guard=not args.no_guard)
+            for key in totals:
+                totals[key] += getattr(report, key)
             if report.failure:
                 failed += 1
                 print(f"{name} seed {seed}: {report.failure}", flush=True)
-        print(f"{name}: {len(seeds)} seeds in {time.monotonic() - started:.0f}s", flush=True)
+        print(
+            f"{name}: {len(seeds)} seeds in {time.monotonic() - started:.0f}s, "
+            + ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in totals.items()),
+            flush=True,
+        )
     sys.exit(1 if failed else 0)
 
 
