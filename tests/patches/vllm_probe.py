@@ -136,6 +136,31 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
     return {"rows": rows}
 
 
+def glm5_next_block_sizes(gpu: str, tp: int, ks: list[int]) -> dict[str, Any]:
+    """GLM-5.3-Flash's block sizes through the planner's vLLM engine, in whichever vLLM tree is
+    first on the path, and whether that tree has patch 0003's alignment hook."""
+    import json as json_
+
+    from dflash_ops.plan import glm5_next
+    from dflash_ops.plan.model import BlockSizeInputs
+    from dflash_ops.plan.vllm_engine import glm5_next as engine
+    from vllm.model_executor.models import interfaces
+
+    path = glm5_next.reference_config_path()
+    ckpt = glm5_next.read_glm5_next(path, json_.loads(path.read_text()))
+    rows = [
+        {
+            "k": k,
+            "block_size": engine.plan_block_size(
+                ckpt, BlockSizeInputs(gpu=gpu, tp=tp, k=k)
+            ).automatic_block_size,
+        }
+        for k in ks
+    ]
+    hook = hasattr(interfaces.IsHybrid, "get_block_size_alignment_from_config")
+    return {"rows": rows, "alignment_hook": hook}
+
+
 def block_size_grid(
     gpus: list[str], tps: list[int], ks: list[int], user_sizes: list[int]
 ) -> dict[str, Any]:
@@ -484,6 +509,10 @@ def main(argv: list[str] | None = None) -> None:
     pipeline.add_argument("--planted")
     cases = sub.add_parser("kv-cases")
     cases.add_argument("names", nargs="+")
+    glm = sub.add_parser("glm5-next-block-sizes")
+    glm.add_argument("--gpu", default="h100")
+    glm.add_argument("--tp", type=int, default=2)
+    glm.add_argument("--k", type=int, nargs="+", default=list(range(16)))
     grid = sub.add_parser("block-size-grid")
     grid.add_argument("--gpu", nargs="+", default=["a100", "h100", "h200", "b200"])
     grid.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -528,6 +557,8 @@ def main(argv: list[str] | None = None) -> None:
         from tests.patches import kv_cache_cases
 
         result = kv_cache_cases.run(args.names)
+    elif args.probe == "glm5-next-block-sizes":
+        result = glm5_next_block_sizes(args.gpu, args.tp, args.k)
     elif args.probe == "block-size-grid":
         result = block_size_grid(args.gpu, args.tp, args.k, args.user_block_size)
     elif args.probe == "prefix-hits":
