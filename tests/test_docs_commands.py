@@ -100,17 +100,12 @@ def commands(text: str) -> list[list[str]]:
 
 def cli_refusal(argv: list[str]) -> str | None:
     """What the CLI's own parser says of these arguments (None: it takes them). Nothing runs."""
-    from dflash_ops.cli import build_parser, unknown_options
+    from dflash_ops.cli import build_parser, parse_words
 
-    parser = build_parser()
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            unknown = unknown_options.find(parser, argv)
-            if unknown is not None:
-                reader, message = unknown
-                reader.error(message)
-            parser.parse_args(argv)
+            parse_words(build_parser(), argv)
     except SystemExit as exit_:
         if exit_.code not in (0, None):
             return err.getvalue().strip() or f"exit {exit_.code}"

@@ -53,17 +53,13 @@ def test_glm_block_sizes_are_the_same_patched_or_not(
 ) -> None:
     """GLM-5.3-Flash's model classes define no block-size alignment hook: patch 0003 leaves its
     block where unpatched vLLM puts it, the planner's figure."""
-    import json
-
     from dflash_ops.plan import glm5_next
 
     args = ("glm5-next-block-sizes", "--gpu", gpu, "--tp", str(tp), "--k", "0", "7", "15")
     patched, unpatched = run_probe(patched_vllm, *args), run_probe(None, *args)
     assert patched["alignment_hook"] and not unpatched["alignment_hook"]
     assert patched["rows"] == unpatched["rows"]
-    ckpt = glm5_next.read_glm5_next(
-        glm5_next.reference_config_path(), json.loads(glm5_next.reference_config_path().read_text())
-    )
+    ckpt = glm5_next.load_glm5_next()
     for row in patched["rows"]:
         inputs = BlockSizeInputs(gpu=gpu, tp=tp, k=row["k"])
         assert row["block_size"] == glm5_next.plan_block_size(ckpt, inputs).automatic_block_size

@@ -139,15 +139,12 @@ def block_sizes(gpu: str, tp: int, ks: list[int], user_block_size: int | None) -
 def glm5_next_block_sizes(gpu: str, tp: int, ks: list[int]) -> dict[str, Any]:
     """GLM-5.3-Flash's block sizes through the planner's vLLM engine, in whichever vLLM tree is
     first on the path, and whether that tree has patch 0003's alignment hook."""
-    import json as json_
-
     from dflash_ops.plan import glm5_next
     from dflash_ops.plan.model import BlockSizeInputs
     from dflash_ops.plan.vllm_engine import glm5_next as engine
     from vllm.model_executor.models import interfaces
 
-    path = glm5_next.reference_config_path()
-    ckpt = glm5_next.read_glm5_next(path, json_.loads(path.read_text()))
+    ckpt = glm5_next.load_glm5_next()
     rows = [
         {
             "k": k,

@@ -51,14 +51,20 @@ def _subcommand_registrars() -> list[
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    words = sys.argv[1:] if argv is None else list(argv)
+def parse_words(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """The command line as the CLI reads it: an unknown option named by the (sub)command that
+    was given it, then argparse (both exit 2 with a usage line on bad input)."""
     unknown = unknown_options.find(parser, words)
     if unknown is not None:
         reader, message = unknown
         reader.error(message)
-    args = parser.parse_args(words)
+    return parser.parse_args(words)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = parse_words(parser, words)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_ops.cli.arguments import number
 from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import GPUS
 from dflash_ops.plan.kv_capacity import DEFAULT_PROFILE_RESERVE_GIB
+
+if TYPE_CHECKING:
+    from dflash_ops.plan.glm5_next import Glm5NextCheckpoint
 from dflash_ops.vocabulary import CHART_METHODS, MAX_K
 
 
@@ -30,7 +33,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--model",
-        choices=sorted(MODELS),
+        choices=MODELS,
         help="the model whose bundled config to plan when no --config is given (default "
         "qwen3.8-flash-next); GLM-5.3-Flash plans its block size only",
     )
@@ -170,8 +173,8 @@ def measure_weights_gib(directory: str, tp: int) -> float:
     return sum(f.stat().st_size for f in files) / tp / 1024**3
 
 
-# The bundled reference config of each model --model names.
-MODELS = {"qwen3.8-flash-next": None, "glm-5.3-flash": "glm"}
+# The models whose bundled config --model plans.
+MODELS = ("glm-5.3-flash", "qwen3.8-flash-next")
 # Inputs of the KV-cache plan, which GLM-5.3-Flash does not have yet: refused when given.
 CAPACITY_FLAGS = {
     "gpu_memory_gib": None,
@@ -190,9 +193,8 @@ CAPACITY_FLAGS = {
 }
 
 
-def run_glm5_next(args: argparse.Namespace, config: str | None) -> int:
-    from dflash_ops.plan import glm5_next, glm5_next_report
-    from dflash_ops.plan.checkpoint import read_config
+def run_glm5_next(args: argparse.Namespace, ckpt: Glm5NextCheckpoint) -> int:
+    from dflash_ops.plan import glm5_next_report
     from dflash_ops.plan.planner import parse_k
 
     given = [
@@ -202,16 +204,6 @@ def run_glm5_next(args: argparse.Namespace, config: str | None) -> int:
     ]
     if given:
         raise UserError(f"{', '.join(given)}: {glm5_next_report.NOT_PLANNED}; leave {given[0]} out")
-    path, raw = (
-        read_config(config, "checkpoint config")
-        if config
-        else (glm5_next.reference_config_path(), None)
-    )
-    if raw is None:
-        import json
-
-        raw = json.loads(path.read_text())
-    ckpt = glm5_next.read_glm5_next(path, raw)
     ks = [0] if args.method == "off" else parse_k(args.k)
     plan = glm5_next_report.make_glm5_next_plan(
         ckpt,
@@ -226,20 +218,22 @@ def run_glm5_next(args: argparse.Namespace, config: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_ops.plan.checkpoint import load_checkpoint, model_type_of
+    from dflash_ops.plan.checkpoint import declared_model_type, load_checkpoint, read_config
     from dflash_ops.plan.draft import load_draft_profile
     from dflash_ops.plan.glm5_next import MODEL_TYPES as GLM5_NEXT_TYPES
+    from dflash_ops.plan.glm5_next import load_glm5_next, read_glm5_next
     from dflash_ops.plan.output import render
     from dflash_ops.plan.planner import make_plan, parse_k
 
     if args.config is None and args.model == "glm-5.3-flash":
-        return run_glm5_next(args, None)
+        return run_glm5_next(args, load_glm5_next())
     if args.config is not None:
-        model_type = model_type_of(args.config)
+        config_path, raw = read_config(args.config, "checkpoint config")
+        model_type = declared_model_type(raw)
         if model_type in GLM5_NEXT_TYPES:
             if args.model not in (None, "glm-5.3-flash"):
                 raise UserError(f"--model {args.model}: --config {args.config} is GLM-5.3-Flash")
-            return run_glm5_next(args, args.config)
+            return run_glm5_next(args, read_glm5_next(config_path, raw))
         if args.model == "glm-5.3-flash":
             raise UserError(
                 f"--model glm-5.3-flash: --config {args.config} is {model_type or 'no model type'}"

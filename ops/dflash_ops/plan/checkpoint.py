@@ -110,12 +110,10 @@ def read_config(path: str | Path, what: str) -> tuple[Path, dict[str, Any]]:
     return candidate, read_json(candidate, what)
 
 
-def model_type_of(path: str | Path) -> str | None:
-    """The model type a checkpoint config declares (its text config's first)."""
-    _, raw = read_config(path, "checkpoint config")
+def declared_model_type(raw: dict[str, Any]) -> Any:
+    """The model type a checkpoint config declares: its text config's, else its own."""
     text = raw.get("text_config", raw)
-    value = text.get("model_type", raw.get("model_type")) if isinstance(text, dict) else None
-    return value if isinstance(value, str) else None
+    return text.get("model_type", raw.get("model_type")) if isinstance(text, dict) else None
 
 
 def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
@@ -126,7 +124,7 @@ def load_checkpoint(path: str | Path | None = None) -> HybridCheckpoint:
     else:
         config_path, raw = read_config(path, "checkpoint config")
     text: dict[str, Any] = raw.get("text_config", raw)
-    model_type = text.get("model_type", raw.get("model_type"))
+    model_type = declared_model_type(raw)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(
             f"{config_path}: model_type {model_type!r} is not supported by the planner "

@@ -14,6 +14,7 @@ needs a patch. `tests/ops/plan/test_glm5_next_engines_agree.py` holds this to vL
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from math import lcm
 from pathlib import Path
@@ -103,6 +104,16 @@ _FIELDS = [
 
 def reference_config_path() -> Path:
     return Path(str(resources.files("dflash_ops.data") / REFERENCE_CONFIG_NAME))
+
+
+def load_glm5_next(path: str | Path | None = None) -> Glm5NextCheckpoint:
+    """Read and validate a checkpoint config; the bundled one when `path` is None."""
+    from dflash_ops.plan.checkpoint import read_config
+
+    if path is None:
+        config_path = reference_config_path()
+        return read_glm5_next(config_path, json.loads(config_path.read_text()))
+    return read_glm5_next(*read_config(path, "checkpoint config"))
 
 
 def read_glm5_next(config_path: Path, raw: dict[str, Any]) -> Glm5NextCheckpoint:

@@ -17,6 +17,7 @@ from dflash_ops.plan.glm5_next import (
     plan_block_size,
 )
 from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
+from dflash_ops.plan.planner import EngineName, resolve_engine, validate_tp_heads
 
 NOT_PLANNED = (
     "KV capacity and chart values are planned for Qwen3.8-Flash-Next only so far; "
@@ -45,14 +46,7 @@ def check_supported(ckpt: Glm5NextCheckpoint, gpu: str, tp: int) -> None:
             f"{ckpt.index_topk}) and vLLM 0.33.0 has no sparse MLA backend for it (they need "
             f"SM90 or SM100): use --gpu {', '.join(SPARSE_MLA_GPUS)}"
         )
-    heads = ckpt.tp_heads()
-    bad = [f"{name}={value}" for name, value in heads.items() if value % tp]
-    if bad:
-        valid = [t for t in TP_SIZES if all(v % t == 0 for v in heads.values())]
-        raise UserError(
-            f"--tp {tp} does not divide {', '.join(bad)}; valid tensor-parallel sizes for "
-            f"{DISPLAY_NAME}: {', '.join(map(str, valid))}"
-        )
+    validate_tp_heads(ckpt.tp_heads(), tp, DISPLAY_NAME, TP_SIZES)
 
 
 def make_glm5_next_plan(
@@ -62,22 +56,15 @@ def make_glm5_next_plan(
     tp: int,
     ks: list[int],
     kv_cache_dtype: KvCacheDtype,
-    engine: Literal["auto", "vllm", "closed-form"],
+    engine: EngineName,
 ) -> Glm5NextPlan:
-    from dflash_ops.plan.vllm_engine.runtime import REQUIRED_VLLM_VERSION, vllm_available
-
     check_supported(ckpt, gpu, tp)
     compute = plan_block_size
-    engine_name: Literal["vllm", "closed-form"] = "closed-form"
-    if engine != "closed-form" and vllm_available():
+    engine_name = resolve_engine(engine)
+    if engine_name == "vllm":
         from dflash_ops.plan.vllm_engine import glm5_next
 
-        compute, engine_name = glm5_next.plan_block_size, "vllm"
-    elif engine == "vllm":
-        raise UserError(
-            f"--engine vllm needs vllm=={REQUIRED_VLLM_VERSION} importable "
-            "(run in .venv-vllm033, or use --engine closed-form)"
-        )
+        compute = glm5_next.plan_block_size
     plans = [
         compute(ckpt, BlockSizeInputs(gpu=gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, k=k))
         for k in ks

@@ -55,27 +55,41 @@ def tp_heads(ckpt: HybridCheckpoint) -> dict[str, int]:
     }
 
 
-def validate_tp(ckpt: HybridCheckpoint, tp: int) -> None:
-    heads = tp_heads(ckpt)
+def validate_tp_heads(
+    heads: dict[str, int], tp: int, whose: str, sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+) -> None:
+    """Refuse a tensor-parallel size that does not divide every one of `heads`, naming them
+    and the valid sizes among `sizes`."""
     bad = [f"{name}={value}" for name, value in heads.items() if tp < 1 or value % tp]
     if bad:
-        valid = [t for t in (1, 2, 4, 8, 16) if all(v % t == 0 for v in heads.values())]
+        valid = [t for t in sizes if all(v % t == 0 for v in heads.values())]
         raise UserError(
             f"--tp {tp} does not divide {', '.join(bad)}; valid tensor-parallel sizes for "
-            f"this checkpoint: {', '.join(map(str, valid))}"
+            f"{whose}: {', '.join(map(str, valid))}"
         )
 
 
-def select_engine(name: EngineName) -> tuple[str, Engine, Capacity]:
+def validate_tp(ckpt: HybridCheckpoint, tp: int) -> None:
+    validate_tp_heads(tp_heads(ckpt), tp, "this checkpoint")
+
+
+def resolve_engine(name: EngineName) -> Literal["vllm", "closed-form"]:
+    """vLLM 0.33.0's own code where it is importable (unless the closed form is asked for)."""
     if name == "closed-form":
-        return "closed-form", closed_form.plan_block_size, kv_capacity_closed_form.kv_capacity
+        return "closed-form"
     if vllm_engine.vllm_available():
-        return "vllm", vllm_engine.plan_block_size, vllm_engine.kv_capacity
+        return "vllm"
     if name == "vllm":
         raise UserError(
             f"--engine vllm needs vllm=={REQUIRED_VLLM_VERSION} importable "
             "(run in .venv-vllm033, or use --engine closed-form)"
         )
+    return "closed-form"
+
+
+def select_engine(name: EngineName) -> tuple[str, Engine, Capacity]:
+    if resolve_engine(name) == "vllm":
+        return "vllm", vllm_engine.plan_block_size, vllm_engine.kv_capacity
     return "closed-form", closed_form.plan_block_size, kv_capacity_closed_form.kv_capacity
 
 

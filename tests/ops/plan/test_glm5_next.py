@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from dflash_ops.plan import glm5_next
-from dflash_ops.plan.glm5_next import plan_block_size, read_glm5_next, reference_config_path
+from dflash_ops.plan.glm5_next import load_glm5_next, plan_block_size, reference_config_path
 from dflash_ops.plan.model import BlockSizeInputs
 from hypothesis import given
 from hypothesis import strategies as st
 
 CONFIG = reference_config_path()
-CKPT = read_glm5_next(CONFIG, json.loads(CONFIG.read_text()))
+CKPT = load_glm5_next()
 
 
 def test_the_reference_figures_by_hand() -> None:
@@ -117,3 +117,10 @@ def test_a_config_of_the_other_model_is_refused() -> None:
     qwen = str(CONFIG.with_name("qwen3.8-flash-next.config.json"))
     done = plan_cli("--model", "glm-5.3-flash", "--config", qwen, "--gpu", "h100")
     assert done.returncode == 2 and "is qwen4_exp" in done.stderr, done.stderr
+
+
+def test_a_config_whose_text_config_is_no_object_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"text_config": 5}')
+    done = plan_cli("--config", str(tmp_path), "--engine", "closed-form")
+    assert done.returncode == 2 and "model_type None is not supported" in done.stderr
+    assert "Traceback" not in done.stderr

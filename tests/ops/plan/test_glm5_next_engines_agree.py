@@ -5,18 +5,16 @@ refuses are the ones vLLM's sparse MLA backends refuse."""
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 from dflash_ops.plan import glm5_next
-from dflash_ops.plan.glm5_next import plan_block_size, read_glm5_next, reference_config_path
+from dflash_ops.plan.glm5_next import load_glm5_next, plan_block_size
 from dflash_ops.plan.gpus import GPUS
 from dflash_ops.plan.model import BlockSizeInputs
 
 pytestmark = pytest.mark.vllm033
 
-CONFIG = reference_config_path()
-CKPT = read_glm5_next(CONFIG, json.loads(CONFIG.read_text()))
+CKPT = load_glm5_next()
 GRID = list(itertools.product(glm5_next.SPARSE_MLA_GPUS, (1, 2, 4, 8), ("auto", "bfloat16", "fp8")))
 
 # vLLM 0.33.0's sparse MLA backends for NVIDIA GPUs (AttentionBackendEnum): the ones the CUDA
