@@ -17,6 +17,7 @@ from dflash_ops.plan.glm5_next import (
     plan_block_size,
 )
 from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
+from dflash_ops.plan.output import columns
 from dflash_ops.plan.planner import EngineName, resolve_engine, validate_tp_heads
 
 NOT_PLANNED = (
@@ -110,9 +111,7 @@ def render_table(plan: Glm5NextPlan) -> str:
         )
         for p in plan.plans
     ]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        out.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    out += columns(header, rows)
     out += ["", f"{plan.not_planned}."]
     return "\n".join(out) + "\n"
 

@@ -81,7 +81,7 @@ def render_table(plan: DeploymentPlan) -> str:
         )
         for p in plan.plans
     ]
-    out += _columns(header, rows)
+    out += columns(header, rows)
     if plan.prefix_match_unit:
         unit = plan.prefix_match_unit
         out.append(
@@ -103,7 +103,8 @@ def render_table(plan: DeploymentPlan) -> str:
     return "\n".join(out) + "\n"
 
 
-def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Right-aligned columns under a header and a dashed rule."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
@@ -158,7 +159,7 @@ def render_capacity(plan: DeploymentPlan) -> list[str]:
                 *(f"{c.requests_at[n]:,}" if n in c.requests_at else "-" for n in lengths),
             )
         )
-    out += _columns(header, rows)
+    out += columns(header, rows)
     out += [
         f"  attn/ring/mamba/draft: blocks one {i.max_model_len:,}-token request holds in each "
         "group (Mamba: 2 + k per group in align mode)",
