@@ -35,7 +35,8 @@ def register(subparsers: Any) -> None:
         "--model",
         choices=MODELS,
         help="the model whose bundled config to plan when no --config is given (default "
-        "qwen3.8-flash-next); GLM-5.3-Flash plans its block size only",
+        "qwen3.8-flash-next); GLM-5.3-Flash plans its block size and KV cache (no chart "
+        "values yet)",
     )
     parser.add_argument("--gpu", default="a100", choices=sorted(GPUS), help="GPU product")
     parser.add_argument(
@@ -175,43 +176,53 @@ def measure_weights_gib(directory: str, tp: int) -> float:
 
 # The models whose bundled config --model plans.
 MODELS = ("glm-5.3-flash", "qwen3.8-flash-next")
-# Inputs of the KV-cache plan, which GLM-5.3-Flash does not have yet: refused when given.
-CAPACITY_FLAGS = {
-    "gpu_memory_gib": None,
-    "gpu_memory_utilization": 0.90,
-    "weights_gib": None,
-    "weights_from": None,
-    "draft_weights_gib": None,
-    "draft_config": None,
-    "profile_reserve_gib": DEFAULT_PROFILE_RESERVE_GIB,
-    "max_model_len": None,
-    "max_num_batched_tokens": None,
-    "context_lengths": "8k,32k,64k",
-    "schedule": None,
-    "draft_model": None,
-    "prefix_match_unit": 16,
-}
+# Flags of the Qwen3.8-Flash-Next plan that GLM-5.3-Flash's does not have yet, with their
+# defaults: refused when given.
+NOT_FOR_GLM5_NEXT = {"schedule": None, "draft_model": None, "prefix_match_unit": 16}
+
+
+def capacity_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The KV-capacity inputs of the command line, as `planner.capacity_inputs` takes them."""
+    if args.weights_gib is not None and args.weights_from:
+        raise UserError("give --weights-gib or --weights-from, not both")
+    weights = (
+        measure_weights_gib(args.weights_from, args.tp) if args.weights_from else args.weights_gib
+    )
+    return {
+        "gpu_memory_gib": args.gpu_memory_gib,
+        "utilization": args.gpu_memory_utilization,
+        "weights_gib": weights,
+        "draft_weights_gib": args.draft_weights_gib,
+        "profile_reserve_gib": args.profile_reserve_gib,
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "context_lengths": parse_lengths(args.context_lengths),
+    }
 
 
 def run_glm5_next(args: argparse.Namespace, ckpt: Glm5NextCheckpoint) -> int:
     from dflash_ops.plan import glm5_next_report
+    from dflash_ops.plan.draft import load_draft_profile
     from dflash_ops.plan.planner import parse_k
 
     given = [
         "--" + name.replace("_", "-")
-        for name, default in CAPACITY_FLAGS.items()
+        for name, default in NOT_FOR_GLM5_NEXT.items()
         if getattr(args, name) != default
     ]
     if given:
         raise UserError(f"{', '.join(given)}: {glm5_next_report.NOT_PLANNED}; leave {given[0]} out")
-    ks = [0] if args.method == "off" else parse_k(args.k)
+    glm5_next_report.check_format(args.format)
     plan = glm5_next_report.make_glm5_next_plan(
         ckpt,
         gpu=args.gpu,
         tp=args.tp,
-        ks=ks,
+        ks=parse_k(args.k),
         kv_cache_dtype=args.kv_cache_dtype,
         engine=args.engine,
+        method=args.method,
+        draft=load_draft_profile(args.draft_config) if args.draft_config else None,
+        **capacity_arguments(args),
     )
     sys.stdout.write(glm5_next_report.render(plan, args.format))
     return 0
@@ -240,11 +251,6 @@ def run(args: argparse.Namespace) -> int:
             )
     ks = parse_k(args.k)
     ckpt = load_checkpoint(args.config)
-    if args.weights_gib is not None and args.weights_from:
-        raise UserError("give --weights-gib or --weights-from, not both")
-    weights = (
-        measure_weights_gib(args.weights_from, args.tp) if args.weights_from else args.weights_gib
-    )
     plan = make_plan(
         ckpt,
         gpu=args.gpu,
@@ -257,14 +263,7 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         prefix_match_unit=args.prefix_match_unit,
         schedule=args.schedule,
-        gpu_memory_gib=args.gpu_memory_gib,
-        utilization=args.gpu_memory_utilization,
-        weights_gib=weights,
-        draft_weights_gib=args.draft_weights_gib,
-        profile_reserve_gib=args.profile_reserve_gib,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        context_lengths=parse_lengths(args.context_lengths),
+        **capacity_arguments(args),
     )
     sys.stdout.write(render(plan, args.format))
     return 0

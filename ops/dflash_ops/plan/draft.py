@@ -132,8 +132,13 @@ DEFAULT_DFLASH2_CONFIG: dict[str, Any] = {
 }
 
 
-def default_dflash2_profile() -> DraftProfile:
-    profile = draft_profile_from_config(DEFAULT_DFLASH2_CONFIG, "assumed")
+def assumed_profile(config: dict[str, Any]) -> DraftProfile:
+    """A draft whose layout is assumed, saying so where the plan prints its source."""
+    profile = draft_profile_from_config(config, "assumed")
     return profile.model_copy(
         update={"source": "an assumed layout: pass --draft-config with the draft's config.json"}
     )
+
+
+def default_dflash2_profile() -> DraftProfile:
+    return assumed_profile(DEFAULT_DFLASH2_CONFIG)

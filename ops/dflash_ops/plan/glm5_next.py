@@ -20,7 +20,7 @@ from math import lcm
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dflash_ops.errors import UserError
 from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
@@ -53,16 +53,19 @@ class SparseMlaBackend(BaseModel):
 
     name: str
     kernel_block: int
+    # Its `customize_spec` (`align_blocks_to_rows`): blocks lie whole rows of this many tokens
+    # apart; the TRT-LLM launchers read pages of their kernel block.
+    stride_rows: int
 
 
 def sparse_mla_backend(gpu: str, kv_cache_dtype: str, heads_per_rank: int) -> SparseMlaBackend:
     if gpu in ("h100", "h200"):
-        return SparseMlaBackend(name="FLASHINFER_MLA_SPARSE_SM90", kernel_block=64)
+        return SparseMlaBackend(name="FLASHINFER_MLA_SPARSE_SM90", kernel_block=64, stride_rows=1)
     if kv_cache_dtype == "fp8":
-        return SparseMlaBackend(name="FLASHINFER_MLA_SPARSE", kernel_block=32)
+        return SparseMlaBackend(name="FLASHINFER_MLA_SPARSE", kernel_block=32, stride_rows=32)
     if heads_per_rank > 16:
-        return SparseMlaBackend(name="FLASHMLA_SPARSE", kernel_block=64)
-    return SparseMlaBackend(name="FLASH_ATTN_MLA_SPARSE_FA4", kernel_block=64)
+        return SparseMlaBackend(name="FLASHMLA_SPARSE", kernel_block=64, stride_rows=1)
+    return SparseMlaBackend(name="FLASH_ATTN_MLA_SPARSE_FA4", kernel_block=64, stride_rows=64)
 
 
 class Glm5NextCheckpoint(BaseModel):
@@ -83,10 +86,43 @@ class Glm5NextCheckpoint(BaseModel):
     index_kpool: int = Field(ge=2, le=1 << 10)
     index_n_heads: int = Field(ge=1, le=1 << 16)
     index_topk: int | None = None
+    # What the KV-cache plan reads besides: which layers are KDA, the indexer's width, the
+    # KDA kernel's gate (FlashKDA needs a bounded one), the default length.
+    num_hidden_layers: int = Field(ge=1, le=1 << 12)
+    layer_types: tuple[str, ...]
+    index_head_dim: int = Field(ge=1, le=1 << 16)
+    linear_lower_bound: float | None = None
+    max_position_embeddings: int = Field(ge=1, le=1 << 26)
+    # And the weights estimate.
+    hidden_size: int = Field(ge=1, le=1 << 20)
+    vocab_size: int = Field(ge=1, le=1 << 24)
+    intermediate_size: int = Field(ge=0, le=1 << 24)
+    moe_intermediate_size: int = Field(ge=0, le=1 << 24)
+    n_routed_experts: int = Field(ge=0, le=1 << 16)
+    n_shared_experts: int = Field(ge=0, le=1 << 10)
+    mlp_layer_types: tuple[str, ...]
+    q_lora_rank: int | None = Field(default=None, ge=1, le=1 << 16)
+    qk_nope_head_dim: int = Field(ge=0, le=1 << 16)
+    v_head_dim: int = Field(ge=1, le=1 << 16)
+    tie_word_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _layers_match(self) -> Glm5NextCheckpoint:
+        for name in ("layer_types", "mlp_layer_types"):
+            if len(getattr(self, name)) != self.num_hidden_layers:
+                raise ValueError(
+                    f"{name} has {len(getattr(self, name))} entries for num_hidden_layers "
+                    f"{self.num_hidden_layers}"
+                )
+        return self
 
     @property
     def sparse(self) -> bool:
         return self.index_topk is not None
+
+    @property
+    def kda_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
 
     def tp_heads(self) -> dict[str, int]:
         """The head counts a tensor-parallel size must divide."""
@@ -116,8 +152,40 @@ def load_glm5_next(path: str | Path | None = None) -> Glm5NextCheckpoint:
     return read_glm5_next(*read_config(path, "checkpoint config"))
 
 
+def _with_defaults(text: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' `Glm5NextTextConfig` fills in: its defaults (the bundled config is
+    them) and the layer patterns its `__post_init__` derives from the layer count."""
+    reference = json.loads(reference_config_path().read_text())
+    defaults = reference.get("text_config", reference)
+    filled = dict(text)
+    linear = text.get("linear_attn_config")
+    if isinstance(linear, dict):
+        renamed = {
+            "head_dim": "linear_head_dim",
+            "num_heads": "linear_num_heads",
+            "short_conv_kernel_size": "linear_conv_kernel_dim",
+            "gate_lower_bound": "linear_lower_bound",
+        }
+        filled |= {ours: linear[theirs] for theirs, ours in renamed.items() if theirs in linear}
+        if linear.get("safe_gate", True) and filled.get("linear_lower_bound") is None:
+            filled["linear_lower_bound"] = defaults["linear_lower_bound"]
+    layers = filled.get("num_hidden_layers", defaults["num_hidden_layers"])
+    if isinstance(layers, int) and 0 < layers <= 1 << 12:
+        if filled.get("layer_types") is None:
+            filled["layer_types"] = [
+                "linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(layers)
+            ]
+        if filled.get("mlp_layer_types") is None:
+            filled["mlp_layer_types"] = ["dense"] * min(3, layers) + ["sparse"] * (layers - 3)
+    if isinstance(filled.get("layer_types"), list):
+        filled["layer_types"] = [
+            "indexed_attention" if t == "full_attention" else t for t in filled["layer_types"]
+        ]
+    return {name: filled.get(name, value) for name, value in defaults.items()} | filled
+
+
 def read_glm5_next(config_path: Path, raw: dict[str, Any]) -> Glm5NextCheckpoint:
-    text: dict[str, Any] = raw.get("text_config", raw)
+    text: dict[str, Any] = _with_defaults(raw.get("text_config", raw))
     fields = {name: text[name] for name in _FIELDS if text.get(name) is not None}
     fields.setdefault("model_type", raw.get("model_type"))
     fields.setdefault("dtype", text.get("torch_dtype", raw.get("dtype", "bfloat16")))

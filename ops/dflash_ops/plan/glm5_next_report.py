@@ -1,14 +1,16 @@
-"""`dflash-serve plan` for a GLM-5.3-Flash checkpoint: the block size per k, what vLLM 0.33.0
-refuses said in one line, and what is not planned for it yet said in the output."""
+"""`dflash-serve plan` for a GLM-5.3-Flash checkpoint: the block size and the KV cache per k, what
+vLLM 0.33.0 refuses said in one line, and what is not planned for it yet said in the output."""
 
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from dflash_ops.errors import UserError
+from dflash_ops.plan import glm5_next_capacity
+from dflash_ops.plan.draft import DraftProfile
 from dflash_ops.plan.glm5_next import (
     DISPLAY_NAME,
     SPARSE_MLA_GPUS,
@@ -16,15 +18,27 @@ from dflash_ops.plan.glm5_next import (
     Glm5NextCheckpoint,
     plan_block_size,
 )
+from dflash_ops.plan.glm5_next_capacity import default_glm_dflash2_profile
+from dflash_ops.plan.kv_capacity import KvCapacity
 from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
-from dflash_ops.plan.output import columns
-from dflash_ops.plan.planner import EngineName, resolve_engine, validate_tp_heads
+from dflash_ops.plan.output import columns, render_capacity
+from dflash_ops.plan.planner import (
+    CapacityAssumptions,
+    EngineName,
+    capacity_inputs,
+    resolve_engine,
+    validate_tp_heads,
+)
+from dflash_ops.vocabulary import ChartMethod
 
 NOT_PLANNED = (
-    "KV capacity and chart values are planned for Qwen3.8-Flash-Next only so far; "
-    "for GLM-5.3-Flash this plan gives the block size"
+    "chart values are planned for Qwen3.8-Flash-Next only so far; "
+    "for GLM-5.3-Flash this plan gives the block size and the KV cache"
 )
 TP_SIZES = (1, 2, 4, 8)
+METHODS = ("dflash", "ngram", "off")
+# No quantized build is assumed: the routed experts in the checkpoint's bfloat16.
+EXPERT_BITS = 16
 
 
 class Glm5NextPlan(BaseModel):
@@ -35,8 +49,11 @@ class Glm5NextPlan(BaseModel):
     gpu: str
     tp: int
     kv_cache_dtype: KvCacheDtype
+    method: ChartMethod
     engine: Literal["vllm", "closed-form"]
     plans: list[Glm5NextBlockSizePlan]
+    capacity_assumptions: CapacityAssumptions
+    capacity: dict[int, KvCapacity]
     not_planned: str = NOT_PLANNED
 
 
@@ -58,14 +75,31 @@ def make_glm5_next_plan(
     ks: list[int],
     kv_cache_dtype: KvCacheDtype,
     engine: EngineName,
+    method: ChartMethod = "dflash",
+    draft: DraftProfile | None = None,
+    **capacity: Any,
 ) -> Glm5NextPlan:
+    """Block sizes for each k, then vLLM's KV-cache plan for each (`capacity` takes the keyword
+    arguments of `planner.capacity_inputs`)."""
     check_supported(ckpt, gpu, tp)
-    compute = plan_block_size
+    if method not in METHODS:
+        raise UserError(
+            f"--method {method}: planned for {DISPLAY_NAME} are {', '.join(METHODS)} "
+            f"({method} is planned for Qwen3.8-Flash-Next only)"
+        )
+    if method == "off":
+        ks = [0]
+    if method == "dflash" and draft is None:
+        draft = default_glm_dflash2_profile()
+    compute, capacity_of = plan_block_size, glm5_next_capacity.kv_capacity
     engine_name = resolve_engine(engine)
     if engine_name == "vllm":
         from dflash_ops.plan.vllm_engine import glm5_next
+        from dflash_ops.plan.vllm_engine import glm5_next_capacity as exact
 
-        compute = glm5_next.plan_block_size
+        compute, capacity_of = glm5_next.plan_block_size, exact.kv_capacity
+    capacity.setdefault("expert_bits", EXPERT_BITS)
+    assumptions = capacity_inputs(ckpt, gpu=gpu, tp=tp, method=method, draft=draft, **capacity)
     plans = [
         compute(ckpt, BlockSizeInputs(gpu=gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, k=k))
         for k in ks
@@ -76,8 +110,14 @@ def make_glm5_next_plan(
         gpu=gpu,
         tp=tp,
         kv_cache_dtype=kv_cache_dtype,
+        method=method,
         engine=engine_name,
         plans=plans,
+        capacity_assumptions=assumptions,
+        capacity={
+            p.k: capacity_of(ckpt, p, draft=assumptions.draft, inputs=assumptions.inputs)
+            for p in plans
+        },
     )
 
 
@@ -86,7 +126,8 @@ def render_table(plan: Glm5NextPlan) -> str:
     out = [
         f"Checkpoint   {plan.checkpoint} ({plan.model})",
         f"Target       {plan.gpu.upper()} x TP{plan.tp}, KV cache {plan.kv_cache_dtype} "
-        f"(runs {first.effective_kv_cache_dtype}), computed by the {plan.engine} engine",
+        f"(runs {first.effective_kv_cache_dtype}), speculation {plan.method}, computed by the "
+        f"{plan.engine} engine",
         "",
         f"P  MLA latent page per token          {first.mla_page_bytes_per_token} B "
         "((kv_lora_rank + qk_rope_head_dim) x KV dtype bytes, one per rank)",
@@ -112,16 +153,21 @@ def render_table(plan: Glm5NextPlan) -> str:
         for p in plan.plans
     ]
     out += columns(header, rows)
-    out += ["", f"{plan.not_planned}."]
+    out += ["", *render_capacity(plan), "", f"{plan.not_planned}."]
     return "\n".join(out) + "\n"
 
 
-def render(plan: Glm5NextPlan, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
+def check_format(fmt: str) -> None:
+    """Before planning: a format the plan cannot be written in."""
     if fmt == "helm-values":
         raise UserError(
             f"--format helm-values: the chart deploys Qwen3.8-Flash-Next only so far; "
             f"for {DISPLAY_NAME} use --format table or json"
         )
+
+
+def render(plan: Glm5NextPlan, fmt: str) -> str:
+    check_format(fmt)
+    if fmt == "json":
+        return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
     return render_table(plan)

@@ -32,7 +32,11 @@ DEFAULT_PROFILE_RESERVE_GIB = 4.0
 # (EngineArgs.get_batch_defaults): A100 2048, H100/H200 8192, 160 GiB and more 16384.
 SERVER_MAX_NUM_BATCHED_TOKENS = {"a100": 2048, "h100": 8192, "h200": 8192, "b200": 16384}
 
-LayerKind = Literal["attention", "compressed", "ring", "gdn", "ple", "draft_sliding", "draft_full"]
+LayerKind = Literal[
+    "attention", "compressed", "ring", "gdn", "ple", "draft_sliding", "draft_full",
+    # GLM-5.3-Flash (glm5_next_capacity)
+    "mla", "indexer", "tail", "kda",
+]  # fmt: skip
 GroupKind = Literal["attention", "ring", "mamba", "draft"]
 GROUP_OF: dict[str, GroupKind] = {
     "attention": "attention",
@@ -42,6 +46,10 @@ GROUP_OF: dict[str, GroupKind] = {
     "gdn": "mamba",
     "ple": "mamba",
     "draft_sliding": "draft",
+    "mla": "attention",
+    "indexer": "attention",
+    "tail": "ring",
+    "kda": "mamba",
 }
 
 
@@ -83,14 +91,19 @@ def layer_inventory(
                 KvLayer(name=f"{prefix}.self_attn.indexer.compressed_key_cache", kind="compressed"),
             ]
     elif method == "dflash" and draft is not None:
-        for j, kind in enumerate(draft.layer_kinds):
-            layers.append(
-                KvLayer(
-                    name=f"draft.layers.{j}.self_attn.attn",
-                    kind="draft_sliding" if kind == "sliding" else "draft_full",
-                )
-            )
+        layers += draft_layers(draft)
     return layers
+
+
+def draft_layers(draft: DraftProfile) -> list[KvLayer]:
+    """A DFlash draft's attention layers, after the target's."""
+    return [
+        KvLayer(
+            name=f"draft.layers.{j}.self_attn.attn",
+            kind="draft_sliding" if kind == "sliding" else "draft_full",
+        )
+        for j, kind in enumerate(draft.layer_kinds)
+    ]
 
 
 class CapacityInputs(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import lcm
 
 from dflash_ops.plan import closed_form
 from dflash_ops.plan.checkpoint import HybridCheckpoint
@@ -23,6 +24,7 @@ from dflash_ops.plan.kv_capacity import (
     GROUP_OF,
     CapacityInputs,
     KvCapacity,
+    KvLayer,
     layer_inventory,
     requests_that_fit,
     start_error,
@@ -35,12 +37,12 @@ ROPE_AXES = 3  # QSAKeyStateCache: int64 MRoPE positions stored as 4 bf16 each, 
 BF16_PER_INT64 = 4
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
 @dataclass(frozen=True)
-class _Page:
+class Page:
     """A layer's KV spec as far as grouping and sizing see it."""
 
     name: str
@@ -48,6 +50,8 @@ class _Page:
     uniform_key: tuple[object, ...]  # what UniformTypeKVCacheSpecs.is_uniform_type compares
     page_bytes: int
     blocks_at: Callable[[int], int]  # ceil(max_memory_usage_bytes / page) for a length
+    # Bytes the stride between blocks must be a multiple of (`get_block_stride_alignment`).
+    stride_alignment: int = 1
 
 
 def _pages(
@@ -56,7 +60,7 @@ def _pages(
     method: ChartMethod,
     draft: DraftProfile | None,
     inputs: CapacityInputs,
-) -> list[_Page]:
+) -> list[Page]:
     block = plan.recommended_block_size
     ring = plan.ring_capacity
     kv_bytes = closed_form.DTYPE_BYTES[
@@ -66,43 +70,52 @@ def _pages(
     compressed_page = (block // ckpt.indexer_compress_ratio) * ckpt.indexer_head_dim * BF16
     ring_head = ckpt.indexer_head_dim
     if ckpt.uses_mrope:
-        ring_head = _cdiv(ring_head, BF16_PER_INT64) * BF16_PER_INT64 + ROPE_AXES * BF16_PER_INT64
+        ring_head = cdiv(ring_head, BF16_PER_INT64) * BF16_PER_INT64 + ROPE_AXES * BF16_PER_INT64
     ring_page = ring * ring_head * BF16
     checkpoint_blocks = 1 if gpu_profile(plan.gpu).prefill_checkpoint_alignment else 0
     mamba_blocks = 2 + plan.k + checkpoint_blocks
 
     def full(length: int) -> int:
-        return _cdiv(length, block)
+        return cdiv(length, block)
 
-    pages: list[_Page] = []
+    pages: list[Page] = []
     for layer in layer_inventory(ckpt, method, draft):
         if layer.kind == "attention":
-            page = _Page(layer.name, layer.kind, ("full", block), attention_page, full)
+            page = Page(layer.name, layer.kind, ("full", block), attention_page, full)
         elif layer.kind == "compressed":
-            page = _Page(layer.name, layer.kind, ("full", block), compressed_page, full)
+            page = Page(layer.name, layer.kind, ("full", block), compressed_page, full)
         elif layer.kind == "ring":
-            page = _Page(layer.name, layer.kind, ("ring", ring), ring_page, lambda _: 1)
+            page = Page(layer.name, layer.kind, ("ring", ring), ring_page, lambda _: 1)
         elif layer.kind in ("gdn", "ple"):
             key = ("mamba", layer.kind == "ple", plan.k, checkpoint_blocks)
-            page = _Page(layer.name, layer.kind, key, attention_page, lambda _: mamba_blocks)
+            page = Page(layer.name, layer.kind, key, attention_page, lambda _: mamba_blocks)
         else:
             assert draft is not None
-            draft_page = (
-                block * 2 * draft.num_kv_heads_per_rank(plan.tp) * draft.head_dim * kv_bytes
-            )
-            if layer.kind == "draft_full":
-                page = _Page(layer.name, layer.kind, ("full", block), draft_page, full)
-            else:
-                window = draft.sliding_window or 0
-
-                def sliding(length: int, window: int = window) -> int:
-                    # SlidingWindowSpec.max_admission_blocks_per_request
-                    held = min(window - 1 + inputs.max_in_flight_tokens, length)
-                    return _cdiv(held, block) + 1
-
-                page = _Page(layer.name, layer.kind, ("window", window, block), draft_page, sliding)
+            page = draft_page(layer, draft, plan.tp, block, kv_bytes, inputs)
         pages.append(page)
     return pages
+
+
+def draft_page(
+    layer: KvLayer,
+    draft: DraftProfile,
+    tp: int,
+    block: int,
+    kv_bytes: int,
+    inputs: CapacityInputs,
+) -> Page:
+    """A DFlash draft layer's page: full attention over the context, or its window plus the
+    tokens in flight (`SlidingWindowSpec.max_admission_blocks_per_request`)."""
+    page_bytes = block * 2 * draft.num_kv_heads_per_rank(tp) * draft.head_dim * kv_bytes
+    if layer.kind == "draft_full":
+        return Page(layer.name, layer.kind, ("full", block), page_bytes, lambda n: cdiv(n, block))
+    window = draft.sliding_window or 0
+
+    def sliding(length: int) -> int:
+        held = min(window - 1 + inputs.max_in_flight_tokens, length)
+        return cdiv(held, block) + 1
+
+    return Page(layer.name, layer.kind, ("window", window, block), page_bytes, sliding)
 
 
 def _approximate_gcd(values: list[int], lower_bound: int) -> int:
@@ -115,9 +128,9 @@ def _approximate_gcd(values: list[int], lower_bound: int) -> int:
     return best
 
 
-def _groups(pages: list[_Page]) -> list[list[_Page]]:
+def _groups(pages: list[Page]) -> list[list[Page]]:
     """`_get_packed_kv_cache_groups` for these specs."""
-    buckets: list[list[_Page]] = []
+    buckets: list[list[Page]] = []
     for page in pages:
         for bucket in buckets:
             if bucket[0].uniform_key == page.uniform_key:
@@ -126,18 +139,18 @@ def _groups(pages: list[_Page]) -> list[list[_Page]]:
         else:
             buckets.append([page])
 
-    def by_page(bucket: list[_Page]) -> dict[int, list[_Page]]:
-        sizes: dict[int, list[_Page]] = {}
+    def by_page(bucket: list[Page]) -> dict[int, list[Page]]:
+        sizes: dict[int, list[Page]] = {}
         for page in bucket:
             sizes.setdefault(page.page_bytes, []).append(page)
         return sizes
 
     shapes = [(bucket, by_page(bucket)) for bucket in buckets]
 
-    def max_per_page(bucket: list[_Page]) -> int:
+    def max_per_page(bucket: list[Page]) -> int:
         return Counter(p.page_bytes for p in bucket).most_common(1)[0][1]
 
-    def balanced(sizes: dict[int, list[_Page]]) -> bool:
+    def balanced(sizes: dict[int, list[Page]]) -> bool:
         return len({len(v) for v in sizes.values()}) == 1
 
     floor = max(
@@ -150,26 +163,26 @@ def _groups(pages: list[_Page]) -> list[list[_Page]]:
         else None
     )
 
-    def num_groups_for(bucket: list[_Page], sizes: dict[int, list[_Page]]) -> int:
+    def num_groups_for(bucket: list[Page], sizes: dict[int, list[Page]]) -> int:
         if balanced(sizes) and repeats is not None:
-            return _cdiv(max_per_page(bucket), repeats)
+            return cdiv(max_per_page(bucket), repeats)
         return 1
 
-    def is_state(bucket: list[_Page]) -> bool:
+    def is_state(bucket: list[Page]) -> bool:
         kind = bucket[0].uniform_key[0]
         return kind in ("mamba", "ring") or (repeats is None and kind == "window")
 
-    def widest(sizes: dict[int, list[_Page]], n: int) -> int:
-        return sum(_cdiv(len(v), n) * page for page, v in sizes.items())
+    def widest(sizes: dict[int, list[Page]], n: int) -> int:
+        return sum(cdiv(len(v), n) * page for page, v in sizes.items())
 
     anchor = max(
         widest(sizes, len(b) if is_state(b) else num_groups_for(b, sizes)) for b, sizes in shapes
     )
-    groups: list[list[_Page]] = []
+    groups: list[list[Page]] = []
     for bucket, sizes in shapes:
         n = num_groups_for(bucket, sizes)
         if anchor and is_state(bucket):
-            n = max(n, _cdiv(len(bucket), max(anchor // bucket[0].page_bytes, 1)))
+            n = max(n, cdiv(len(bucket), max(anchor // bucket[0].page_bytes, 1)))
         if n == 1:
             groups.append(bucket)
             continue
@@ -187,9 +200,18 @@ def kv_capacity(
     inputs: CapacityInputs,
 ) -> KvCapacity:
     inputs.check_budget()
-    pages = _pages(ckpt, plan, method, draft, inputs)
+    return capacity_of_pages(
+        _pages(ckpt, plan, method, draft, inputs), plan.k, plan.recommended_block_size, inputs
+    )
+
+
+def capacity_of_pages(pages: list[Page], k: int, block: int, inputs: CapacityInputs) -> KvCapacity:
+    """vLLM's grouping, pool and per-request accounting over these pages."""
     groups = _groups(pages)
-    bytes_per_block = max(sum(p.page_bytes for p in group) for group in groups)
+    # `_get_kv_cache_bytes_per_block`: the widest group, rounded to every stride alignment.
+    widest = max(sum(p.page_bytes for p in group) for group in groups)
+    alignment = lcm(*(p.stride_alignment for p in pages))
+    bytes_per_block = cdiv(widest, alignment) * alignment
     num_blocks = inputs.budget_bytes // bytes_per_block
 
     def per_request(length: int) -> dict[str, int]:
@@ -219,8 +241,8 @@ def kv_capacity(
         counts[GROUP_OF[group[0].kind]] += 1
     concurrency = num_blocks / total
     return KvCapacity(
-        k=plan.k,
-        block_size=plan.recommended_block_size,
+        k=k,
+        block_size=block,
         kv_budget_gib_per_rank=round(inputs.budget_bytes / GIB, 2),
         bytes_per_block=bytes_per_block,
         num_blocks=num_blocks,

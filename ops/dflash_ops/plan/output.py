@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
+from typing import Protocol
 
 import yaml
 
 from dflash_ops.errors import UserError
 from dflash_ops.plan.gpus import gpu_profile
-from dflash_ops.plan.planner import DeploymentPlan
+from dflash_ops.plan.kv_capacity import KvCapacity
+from dflash_ops.plan.planner import CapacityAssumptions, DeploymentPlan
 from dflash_ops.speculative_schedule import short_form
 from dflash_ops.speculative_setting import SpeculativeSetting
 
@@ -116,7 +118,25 @@ def _length(tokens: int) -> str:
     return f"{tokens // 1024}k" if tokens % 1024 == 0 else f"{tokens:,}"
 
 
-def render_capacity(plan: DeploymentPlan) -> list[str]:
+class _HasK(Protocol):
+    @property
+    def k(self) -> int: ...
+
+
+class CapacityPlan(Protocol):
+    """What the capacity table reads of a plan (either model's)."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def plans(self) -> Sequence[_HasK]: ...
+    @property
+    def capacity_assumptions(self) -> CapacityAssumptions: ...
+    @property
+    def capacity(self) -> dict[int, KvCapacity]: ...
+
+
+def render_capacity(plan: CapacityPlan) -> list[str]:
     """The KV-cache plan per k, side by side: blocks, vLLM's logged figure, requests that fit."""
     a = plan.capacity_assumptions
     i = a.inputs
@@ -162,7 +182,8 @@ def render_capacity(plan: DeploymentPlan) -> list[str]:
     out += columns(header, rows)
     out += [
         f"  attn/ring/mamba/draft: blocks one {i.max_model_len:,}-token request holds in each "
-        "group (Mamba: 2 + k per group in align mode)",
+        "group (Mamba: 2 + k per group in align mode, 1 more where the GPU's prefill kernel "
+        "exports checkpoints)",
         '* what vLLM logs as "KV cache size: N tokens": blocks / blocks per request x '
         "max_model_len. reqs@N: requests of N tokens that fit at once.",
     ]

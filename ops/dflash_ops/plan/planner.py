@@ -8,9 +8,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dflash_ops.errors import UserError
-from dflash_ops.plan import closed_form, kv_capacity_closed_form, vllm_engine
+from dflash_ops.plan import closed_form, glm5_next_capacity, kv_capacity_closed_form, vllm_engine
 from dflash_ops.plan.checkpoint import HybridCheckpoint
 from dflash_ops.plan.draft import DraftProfile, default_dflash2_profile
+from dflash_ops.plan.glm5_next import Glm5NextCheckpoint
 from dflash_ops.plan.gpus import gpu_profile
 from dflash_ops.plan.kv_capacity import (
     DEFAULT_CONTEXT_LENGTHS,
@@ -218,7 +219,7 @@ CAPACITY_FLAGS = {
 
 
 def capacity_inputs(
-    ckpt: HybridCheckpoint,
+    ckpt: HybridCheckpoint | Glm5NextCheckpoint,
     *,
     gpu: str,
     tp: int,
@@ -240,13 +241,19 @@ def capacity_inputs(
     if weights_gib is not None:
         target, target_source = weights_gib, "given"
     else:
-        target = estimate_weights_gib_per_rank(ckpt, tp, expert_bits)
+        estimate = (
+            glm5_next_capacity.estimate_weights_gib_per_rank
+            if isinstance(ckpt, Glm5NextCheckpoint)
+            else estimate_weights_gib_per_rank
+        )
+        target = estimate(ckpt, tp, expert_bits)  # type: ignore[arg-type]
         target_source = f"estimated from the config, {expert_bits}-bit routed experts"
     if method in ("off", "ngram"):
         drafted, draft_source = 0.0, "none"
     elif draft_weights_gib is not None:
         drafted, draft_source = draft_weights_gib, "given"
     elif method == "mtp":
+        assert isinstance(ckpt, HybridCheckpoint)
         drafted = estimate_mtp_weights_gib_per_rank(ckpt, tp, mtp_expert_bits)
         draft_source = f"estimated MTP module, {mtp_expert_bits}-bit experts"
     else:

@@ -1,5 +1,6 @@
 """GLM-5.3-Flash in the planner without vLLM: the closed form's figures and invariants, and the
-one-line refusals of what vLLM 0.33.0 would refuse or what is not planned for it yet."""
+one-line refusals of what vLLM 0.33.0 would refuse or what is not planned for it yet. Its KV
+cache: tests/ops/plan/test_glm5_next_capacity.py."""
 
 from __future__ import annotations
 
@@ -71,11 +72,11 @@ def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_plans_the_bundled_config_and_a_checkpoint_directory(tmp_path: Path) -> None:
-    table = plan_cli(
-        "--model", "glm-5.3-flash", "--gpu", "h100", "--k", "0-2", "--engine", "closed-form"
-    )
+    table = plan_cli("--model", "glm-5.3-flash", "--gpu", "h100", "--k", "0-2",
+                     "--weights-gib", "30", "--engine", "closed-form")  # fmt: skip
     assert table.returncode == 0, table.stderr
     assert "GLM-5.3-Flash" in table.stdout and "planned for Qwen3.8-Flash-Next only" in table.stdout
+    assert "KV cache per rank" in table.stdout and "GLM-5.3-Flash-DFlash2" in table.stdout
     (tmp_path / "config.json").write_text(
         json.dumps(
             {
@@ -86,7 +87,7 @@ def test_the_cli_plans_the_bundled_config_and_a_checkpoint_directory(tmp_path: P
         )
     )
     out = plan_cli("--config", str(tmp_path), "--gpu", "b200", "--k", "7", "--format", "json",
-                   "--engine", "closed-form")  # fmt: skip
+                   "--weights-gib", "30", "--engine", "closed-form")  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["plans"][0]["automatic_block_size"] == 4608
 
@@ -100,7 +101,10 @@ def test_the_cli_plans_the_bundled_config_and_a_checkpoint_directory(tmp_path: P
             "valid tensor-parallel sizes for GLM-5.3-Flash: 1, 2, 4, 8",
         ),
         (("--gpu", "h100", "--format", "helm-values"), "the chart deploys Qwen3.8-Flash-Next only"),
-        (("--gpu", "h100", "--weights-gib", "30"), "leave --weights-gib out"),
+        (("--gpu", "h100", "--draft-model", "x/y"), "leave --draft-model out"),
+        (("--gpu", "h100", "--method", "mtp"), "planned for GLM-5.3-Flash are dflash, ngram, off"),
+        (("--gpu", "h100"), "no memory is left for the KV cache: 80 GiB x"),
+        (("--gpu", "h100", "--weights-gib", "30", "--weights-from", "/nonexistent"), "not both"),
         (("--gpu", "h100", "--schedule", "1-4:7"), "leave --schedule out"),
         (("--gpu", "h100", "--prefix-match-unit", "32"), "leave --prefix-match-unit out"),
     ],

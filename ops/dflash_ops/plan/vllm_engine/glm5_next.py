@@ -168,17 +168,16 @@ def build_vllm_config(ckpt: Glm5NextCheckpoint, inputs: BlockSizeInputs) -> Any:
     return vllm_config
 
 
-def plan_block_size(
-    ckpt: Glm5NextCheckpoint, inputs: BlockSizeInputs, sparse_backend: str | None = None
-) -> Glm5NextBlockSizePlan:
-    """`sparse_backend` names another of vLLM's sparse MLA backends than the GPU's first."""
+def attention_backends(
+    vllm_config: Any, ckpt: Glm5NextCheckpoint, gpu: str, sparse_backend: str | None = None
+) -> tuple[str, list[Any], Any]:
+    """The sparse MLA backend's name, the attention backends of the model's layers (sparse MLA,
+    the DSA indexer's, its tail ring's) and the platform that aligns blocks over them."""
     g = glm_modules()
-    vllm_config = build_vllm_config(ckpt, inputs)
-    cache_config = vllm_config.cache_config
-    kv_dtype = cache_config.cache_dtype
+    kv_dtype = vllm_config.cache_config.cache_dtype
     effective = ckpt.dtype if kv_dtype == "auto" else kv_dtype
     heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
-    name = sparse_backend or sparse_mla_backend(inputs.gpu, effective, heads).name
+    name = sparse_backend or sparse_mla_backend(gpu, effective, heads).name
     backends = [
         g["AttentionBackendEnum"][name].get_class(),
         g["Glm5NextIndexerBackend"],
@@ -192,14 +191,28 @@ def plan_block_size(
         def _find_non_ssm_backends(cls, vllm_config: Any) -> list[Any]:
             return list(backends)
 
+    return name, backends, PlanningPlatform
+
+
+def plan_block_size(
+    ckpt: Glm5NextCheckpoint, inputs: BlockSizeInputs, sparse_backend: str | None = None
+) -> Glm5NextBlockSizePlan:
+    """`sparse_backend` names another of vLLM's sparse MLA backends than the GPU's first."""
+    g = glm_modules()
+    vllm_config = build_vllm_config(ckpt, inputs)
+    cache_config = vllm_config.cache_config
+    kv_dtype = cache_config.cache_dtype
+    effective = ckpt.dtype if kv_dtype == "auto" else kv_dtype
+    name, backends, aligner = attention_backends(vllm_config, ckpt, inputs.gpu, sparse_backend)
+
     default = g["CacheConfig"].DEFAULT_BLOCK_SIZE
     cache_config.block_size = default
     cache_config.user_specified_block_size = False
     with g["set_current_vllm_config"](vllm_config):
-        PlanningPlatform.update_block_size_for_backend(vllm_config)
+        aligner.update_block_size_for_backend(vllm_config)
         # The alignment `_align_hybrid_block_size` rounds by: the block every backend takes,
         # the first backend's smallest kernel block, and 128 for hybrid MLA.
-        common = PlanningPlatform._preferred_block_size_for_backends(backends, default, vllm_config)
+        common = aligner._preferred_block_size_for_backends(backends, default, vllm_config)
         first = min(getattr(s, "base", s) for s in backends[0].get_supported_kernel_block_sizes())
         grid = lcm(
             *(

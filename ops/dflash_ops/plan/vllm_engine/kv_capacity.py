@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from functools import cache
 from types import SimpleNamespace
 from typing import Any
@@ -84,17 +85,21 @@ def _capacity_config(plan: BlockSizePlan, ckpt: HybridCheckpoint, inputs: Capaci
         ckpt,
         BlockSizeInputs(gpu=plan.gpu, tp=plan.tp, kv_cache_dtype=plan.kv_cache_dtype, k=plan.k),
     )
-    cache_config = vllm_config.cache_config
-    cache_config.block_size = plan.recommended_block_size
-    cache_config.user_specified_block_size = True
+    run_with(vllm_config, plan.recommended_block_size, inputs)
+    with prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
+        v["PlanningPlatform"].update_block_size_for_backend(vllm_config)
+    assert vllm_config.cache_config.block_size == plan.recommended_block_size
+    return vllm_config
+
+
+def run_with(vllm_config: Any, block: int, inputs: CapacityInputs) -> None:
+    """A config as the engine runs it: this block size, lengths and scheduling."""
+    vllm_config.cache_config.block_size = block
+    vllm_config.cache_config.user_specified_block_size = True
     vllm_config.model_config.max_model_len = inputs.max_model_len
     vllm_config.scheduler_config.max_num_batched_tokens = inputs.max_num_batched_tokens
     # What VllmConfig resolves for the real method (the n-gram stand-in turns it off).
     vllm_config.scheduler_config.async_scheduling = inputs.async_scheduling
-    with prefill_checkpoint_alignment(gpu.prefill_checkpoint_alignment):
-        v["PlanningPlatform"].update_block_size_for_backend(vllm_config)
-    assert cache_config.block_size == plan.recommended_block_size
-    return vllm_config
 
 
 def _layer_specs(
@@ -195,47 +200,59 @@ def _layer_specs(
                 )
             else:
                 assert draft is not None
-                heads = draft.num_kv_heads_per_rank(plan.tp)
-                if layer.kind == "draft_full":
-                    spec = api.FullAttentionSpec(
-                        block_size=block,
-                        num_kv_heads=heads,
-                        head_size=draft.head_dim,
-                        head_size_v=draft.head_dim,
-                        dtype=kv_dtype,
-                        kv_quant_mode=quant_mode,
-                    )
-                else:
-                    # Attention.get_kv_cache_spec for a sliding-window layer.
-                    per_token = api.FlashAttentionBackend.customize_spec(
-                        api.SlidingWindowSpec(
-                            block_size=1,
-                            num_kv_heads=heads,
-                            head_size=draft.head_dim,
-                            head_size_v=draft.head_dim,
-                            dtype=kv_dtype,
-                            kv_quant_mode=quant_mode,
-                            sliding_window=draft.sliding_window,
-                        )
-                    )
-                    spec = api.SlidingWindowSpec(
-                        block_size=api.largest_kernel_block_within(
-                            api.FlashAttentionBackend,
-                            per_token.real_page_size_bytes,
-                            per_token.real_page_size_bytes * block,
-                            block,
-                            per_token,
-                        ),
-                        num_kv_heads=heads,
-                        head_size=draft.head_dim,
-                        head_size_v=draft.head_dim,
-                        dtype=kv_dtype,
-                        kv_quant_mode=quant_mode,
-                        sliding_window=draft.sliding_window,
-                    )
-                spec = api.customize_attention_spec(api.FlashAttentionBackend, spec)
-                specs[layer.name] = replace(spec, is_draft=True)
+                specs[layer.name] = draft_spec(
+                    layer.kind, draft, plan.tp, block, kv_dtype, quant_mode
+                )
     return specs
+
+
+def draft_spec(
+    kind: str, draft: DraftProfile, tp: int, block: int, kv_dtype: Any, quant_mode: Any
+) -> Any:
+    """A DFlash draft layer's spec as its `Attention.get_kv_cache_spec` makes it."""
+    from dataclasses import replace
+
+    api = _capacity_api()
+    heads = draft.num_kv_heads_per_rank(tp)
+    if kind == "draft_full":
+        spec = api.FullAttentionSpec(
+            block_size=block,
+            num_kv_heads=heads,
+            head_size=draft.head_dim,
+            head_size_v=draft.head_dim,
+            dtype=kv_dtype,
+            kv_quant_mode=quant_mode,
+        )
+    else:
+        # Attention.get_kv_cache_spec for a sliding-window layer.
+        per_token = api.FlashAttentionBackend.customize_spec(
+            api.SlidingWindowSpec(
+                block_size=1,
+                num_kv_heads=heads,
+                head_size=draft.head_dim,
+                head_size_v=draft.head_dim,
+                dtype=kv_dtype,
+                kv_quant_mode=quant_mode,
+                sliding_window=draft.sliding_window,
+            )
+        )
+        spec = api.SlidingWindowSpec(
+            block_size=api.largest_kernel_block_within(
+                api.FlashAttentionBackend,
+                per_token.real_page_size_bytes,
+                per_token.real_page_size_bytes * block,
+                block,
+                per_token,
+            ),
+            num_kv_heads=heads,
+            head_size=draft.head_dim,
+            head_size_v=draft.head_dim,
+            dtype=kv_dtype,
+            kv_quant_mode=quant_mode,
+            sliding_window=draft.sliding_window,
+        )
+    spec = api.customize_attention_spec(api.FlashAttentionBackend, spec)
+    return replace(spec, is_draft=True)
 
 
 def kv_cache_groups(
@@ -272,12 +289,29 @@ def kv_capacity(
     """vLLM 0.33.0's KV-cache plan on one rank: the engine core's layout resolution, grouping
     (`get_global_kv_cache_groups`), sizing and startup check (`get_kv_cache_configs`), and the
     logged capacity (`get_kv_cache_capacity`) for these layer specs and this memory budget."""
-    api = _capacity_api()
     inputs.check_budget()
     vllm_config, specs, groups = kv_cache_groups(
         ckpt, plan, method=method, draft=draft, inputs=inputs
     )
     kind_of = {layer.name: GROUP_OF[layer.kind] for layer in layer_inventory(ckpt, method, draft)}
+    return capacity_of_groups(
+        vllm_config, specs, groups, kind_of, plan.k, plan.recommended_block_size, inputs
+    )
+
+
+def capacity_of_groups(
+    vllm_config: Any,
+    specs: dict[str, Any],
+    groups: list[Any],
+    kind_of: Mapping[str, str],
+    k: int,
+    block: int,
+    inputs: CapacityInputs,
+) -> KvCapacity:
+    """Sizing and startup check (`get_kv_cache_configs`) and the logged capacity
+    (`get_kv_cache_capacity`) of these groups in this budget; `kind_of` names each layer's
+    group kind."""
+    api = _capacity_api()
     budget = inputs.budget_bytes
     with api.set_current_vllm_config(vllm_config):
         bytes_per_block = api.pool_bytes_per_block(vllm_config, groups)
@@ -320,8 +354,8 @@ def kv_capacity(
     for group in groups:
         counts[kind_of[group.layer_names[0]]] += 1
     return KvCapacity(
-        k=plan.k,
-        block_size=plan.recommended_block_size,
+        k=k,
+        block_size=block,
         kv_budget_gib_per_rank=round(budget / GIB, 2),
         bytes_per_block=bytes_per_block,
         num_blocks=config.num_blocks,
