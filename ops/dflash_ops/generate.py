@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_ops.model_profiles import PROFILE_NAMES
 from dflash_ops.paths import CHART_DIR, DASHBOARDS_DIR, PLANNING_DOC, PROFILES_DIR, REPO_ROOT
 from dflash_ops.vocabulary import (
     CHART_METHODS,
@@ -66,6 +67,7 @@ def _schema() -> str:
     speculative = properties["speculative"]["properties"]
     speculative["numSpeculativeTokens"]["maximum"] = model["maxSpeculativeTokens"]
     speculative["method"]["enum"] = list(CHART_METHODS)
+    properties["model"]["properties"]["profile"]["enum"] = list(PROFILE_NAMES)
     properties["router"]["properties"]["policy"]["enum"] = list(STANDING_ROUTER_POLICIES)
     door = properties["door"]["properties"]
     for paths in ("keyedPaths", "extraKeyedPaths"):
@@ -136,9 +138,13 @@ def targets() -> list[Generated]:
 
     from dflash_ops.chart.generated_files import (
         BLOCK_SIZES,
+        GLM5_NEXT_BLOCK_SIZES,
         KV_CAPACITY,
+        MODEL_PROFILES,
         render_block_sizes,
+        render_glm5_next_block_sizes,
         render_kv_capacity,
+        render_model_profiles,
     )
     from dflash_ops.chart.sidecar_rules import SIDECAR_RULES, render_sidecar_rules
     from dflash_ops.observability.dashboards import DASHBOARDS
@@ -147,6 +153,8 @@ def targets() -> list[Generated]:
     return [
         *(Generated(DASHBOARDS_DIR / name, _dashboard(name)) for name in DASHBOARDS),
         Generated(BLOCK_SIZES, render_block_sizes),
+        Generated(GLM5_NEXT_BLOCK_SIZES, render_glm5_next_block_sizes),
+        Generated(MODEL_PROFILES, render_model_profiles),
         Generated(CHART_DIR / "files" / "engine-image.yaml", _engine_image),
         Generated(CHART_DIR / "files" / "vocabulary.yaml", _vocabulary),
         Generated(SIDECAR_RULES, render_sidecar_rules),

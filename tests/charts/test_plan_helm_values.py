@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dflash_ops.chart.helm import engine_args_in_render, helm_template
@@ -23,6 +24,19 @@ def plan(*argv: str, fmt: str) -> str:
 
 def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
+
+
+def speculative_config(args: list[str], argv: list[str], k: int) -> dict[str, Any] | None:
+    """The rendered --speculative-config, held to the planned method and k (none when off)."""
+    spec = flag(args, "--speculative-config")
+    method = flag(argv, "--method") or "dflash"
+    if method == "off":
+        assert spec is None
+        return None
+    assert spec is not None
+    config: dict[str, Any] = json.loads(spec)
+    assert (config["method"], config["num_speculative_tokens"]) == (method, k)
+    return config
 
 
 @pytest.mark.parametrize(
@@ -53,16 +67,52 @@ def test_the_chart_renders_what_was_planned(tmp_path: Path, argv: list[str]) -> 
         args = engine_args_in_render(render)
         assert flag(args, "--block-size") == want_block
         assert flag(args, "--tensor-parallel-size") == flag(argv, "--tp")
-        spec = flag(args, "--speculative-config")
-        method = flag(argv, "--method") or "dflash"
-        if method == "off":
-            assert spec is None
-        else:
-            assert spec is not None
-            config = json.loads(spec)
-            assert (config["method"], config["num_speculative_tokens"]) == (method, k)
+        speculative_config(args, argv, k)
         unit = flag(argv, "--prefix-match-unit")
         assert flag(args, "--prefix-match-unit") == (None if unit == "0" else unit or "16")
         assert (flag(args, "--kv-cache-dtype") or "auto") == (
             flag(argv, "--kv-cache-dtype") or "auto"
         )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--gpu", "h200", "--tp", "8", "--k", "7", "--draft-model", "my-org/glm-draft"],
+        ["--gpu", "b200", "--tp", "2", "--k", "4", "--method", "ngram", "--weights-gib", "90"],
+        [
+            "--gpu",
+            "h100",
+            "--tp",
+            "8",
+            "--k",
+            "0",
+            "--method",
+            "off",
+            "--prefix-match-unit",
+            "0",
+            "--weights-gib",
+            "40",
+        ],
+    ],
+    ids=["h200-dflash", "b200-ngram", "h100-off"],
+)
+def test_the_chart_renders_what_was_planned_for_glm(tmp_path: Path, argv: list[str]) -> None:
+    """GLM-5.3-Flash's planned values, merged with a user's file naming the checkpoint, render
+    model.profile glm-5.3-flash with the planned block size, k and method."""
+    glm = ["--model", "glm-5.3-flash", *argv]
+    values = tmp_path / "planned.yaml"
+    values.write_text(plan(*glm, fmt="helm-values"))
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model: {name: my-org/GLM-5.3-Flash, servedName: glm}\n")
+    k = int(flag(argv, "--k") or 7)
+    planned = json.loads(plan(*glm, fmt="json"))
+    want_block = str(next(p for p in planned["plans"] if p["k"] == k)["recommended_block_size"])
+    args = engine_args_in_render(helm_template([values, mine], [], "planned", "llm"))
+    assert flag(args, "--block-size") == want_block
+    assert flag(args, "--tensor-parallel-size") == flag(argv, "--tp")
+    assert flag(args, "--reasoning-parser") == "glm45" and "--engram-config" not in args
+    config = speculative_config(args, argv, k)
+    assert config is None or config.get("model") == flag(argv, "--draft-model")
+    unit = flag(argv, "--prefix-match-unit")
+    assert flag(args, "--prefix-match-unit") == (None if unit == "0" else "16")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from dflash_ops.chart.helm import engine_args_in_render, helm_template
+from dflash_ops.chart.values import chart_values
 from dflash_ops.paths import PROFILES_DIR
 
 from tests.conftest import REPO_ROOT
@@ -30,6 +31,17 @@ VARIANTS = {
     "schedule-mtp": ["speculative.method=mtp", "speculative.schedule=1-2:3;3-:1"],
 }
 
+
+# GLM-5.3-Flash (model.profile glm-5.3-flash) from its profile, on each GPU it runs on.
+GLM_PROFILE = PROFILES_DIR / "h200-tp8-glm-5.3-flash.yaml"
+GLM_VARIANTS = {
+    "glm-h100-tp8-k15": ["gpu.type=h100", "speculative.numSpeculativeTokens=15"],
+    "glm-b200-tp2": ["gpu.type=b200", "engine.tensorParallelSize=2"],
+    "glm-b200-fp8-ngram": ["gpu.type=b200", "engine.kvCacheDtype=fp8", "speculative.method=ngram"],
+    "glm-off-no-parsers": ["speculative.method=off", "model.reasoningParser=",
+                           "model.toolCallParser="],
+    "glm-schedule": ["speculative.schedule=1-4:7;5-:3"],
+}  # fmt: skip
 
 IDLE_LIMIT_S = 300.0  # one case, vLLM imported, never took a minute even under load
 # Importing vLLM (before the first line) took over 300 s once, beside a CI run and other tests
@@ -89,12 +101,24 @@ def test_every_rendered_command_line_is_accepted_by_vllm_033(
     tmp_path: Path,
 ) -> None:
     cases = [
-        {"name": p.stem, "argv": engine_args_in_render(helm_template([p], [], "dflash", "llm"))}
+        {
+            "name": p.stem,
+            "argv": engine_args_in_render(helm_template([p], [], "dflash", "llm")),
+            "profile": chart_values([p])["model"]["profile"],
+        }
         for p in sorted(PROFILES_DIR.glob("*.yaml"))
     ]
     cases += [
         {"name": name, "argv": engine_args_in_render(helm_template([], sets, "dflash", "llm"))}
         for name, sets in VARIANTS.items()
+    ]
+    cases += [
+        {
+            "name": name,
+            "argv": engine_args_in_render(helm_template([GLM_PROFILE], sets, "dflash", "llm")),
+            "profile": "glm-5.3-flash",
+        }
+        for name, sets in GLM_VARIANTS.items()
     ]
     # The probe can fail: command lines vLLM 0.33.0 refuses, each for a different reason.
     good = cases[0]["argv"]
@@ -117,6 +141,16 @@ def test_every_rendered_command_line_is_accepted_by_vllm_033(
         "bad-tool-parser": [*good, "--tool-call-parser", "qwen3-xml"],
     }
     cases += [{"name": name, "argv": argv} for name, argv in bad.items()]
+    # GLM-5.3-Flash's command line with Qwen3.8-Flash-Next's flag: the probe tells them apart.
+    glm = next(c for c in cases if c["name"] == GLM_PROFILE.stem)
+    cases.append(
+        {
+            "name": "bad-glm-engram",
+            "argv": [*glm["argv"], "--engram-config", '{"cpu_offload": true}'],
+            "profile": "glm-5.3-flash",
+        }
+    )
+    bad["bad-glm-engram"] = []
     results = run_probe(patched_vllm, cases, tmp_path)
     for name in bad:
         assert results.pop(name) != "ok", name

@@ -48,14 +48,41 @@ Ray head may wait for its workers to join. The sidecar uses it to tell "still lo
 {{- if eq .Values.speculative.method "off" -}}0{{- else -}}{{ int .Values.speculative.numSpeculativeTokens }}{{- end -}}
 {{- end -}}
 
+{{/* The model profile (files/model-profiles.yaml, from dflash_ops.model_profiles): what differs
+per model the chart serves. */}}
+{{- define "dflash-serve.modelProfile" -}}
+{{- $all := .Files.Get "files/model-profiles.yaml" | fromYaml -}}
+{{- $name := toString .Values.model.profile -}}
+{{- $profile := index $all $name | default dict -}}
+{{- if not $profile -}}
+{{- fail (printf "model.profile %q is not known: use one of %s" $name (keys $all | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- toYaml $profile -}}
+{{- end -}}
+
+{{/* The reasoning and tool-call parsers: the profile's for "auto", else the values' ("" for none). */}}
+{{- define "dflash-serve.reasoningParser" -}}
+{{- $parser := toString .Values.model.reasoningParser -}}
+{{- if eq $parser "auto" -}}{{- (include "dflash-serve.modelProfile" . | fromYaml).reasoningParser -}}{{- else -}}{{- $parser -}}{{- end -}}
+{{- end -}}
+
+{{- define "dflash-serve.toolCallParser" -}}
+{{- $parser := toString .Values.model.toolCallParser -}}
+{{- if eq $parser "auto" -}}{{- (include "dflash-serve.modelProfile" . | fromYaml).toolCallParser -}}{{- else -}}{{- $parser -}}{{- end -}}
+{{- end -}}
+
 {{/* The block-size rule entry for this GPU, TP, KV dtype and k; fails with the fix. */}}
 {{- define "dflash-serve.blockRule" -}}
-{{- $table := .Files.Get "files/block-sizes.yaml" | fromYaml -}}
+{{- $profile := include "dflash-serve.modelProfile" . | fromYaml -}}
+{{- $table := .Files.Get $profile.blockSizes | fromYaml -}}
 {{- $gpu := .Values.gpu.type -}}
 {{- $tp := int (include "dflash-serve.tp" .) -}}
 {{- $k := include "dflash-serve.k" . -}}
 {{- $perGpu := index $table $gpu | default dict -}}
 {{- if not $perGpu -}}
+{{- if $profile.gpuReason -}}
+{{- fail (printf "gpu.type %q is not supported for model.profile %s: %s; use one of %s" $gpu .Values.model.profile $profile.gpuReason (join ", " $profile.gpus)) -}}
+{{- end -}}
 {{- fail (printf "gpu.type %q is not supported: use one of a100, h100, h200, b200" $gpu) -}}
 {{- end -}}
 {{- $perTp := index $perGpu (printf "tp%d" $tp) | default dict -}}
@@ -93,15 +120,17 @@ planner's (dflash_ops.plan.closed_form, written by make generate into files/bloc
 {{- end -}}
 
 {{/* --prefix-match-unit: it must divide every cached group's block (the block size) and
-land on whole QSA compressed-key states (vLLM 0.33.0 resolve_kv_cache_block_sizes). */}}
+land on whole compressed states, QSA's or the DSA indexer's pools (vLLM 0.33.0
+resolve_kv_cache_block_sizes). */}}
 {{- define "dflash-serve.prefixMatchUnit" -}}
 {{- $unit := .Values.engine.prefixMatchUnit -}}
 {{- if not (kindIs "invalid" $unit) -}}
 {{- $block := int (include "dflash-serve.blockSize" .) -}}
-{{- $ratio := int (.Files.Get "files/block-sizes.yaml" | fromYaml).qsaCompressRatio -}}
+{{- $profile := include "dflash-serve.modelProfile" . | fromYaml -}}
+{{- $ratio := int $profile.prefixMatchMultiple -}}
 {{- $u := int $unit -}}
 {{- if or (lt $u 1) (ne (mod $block $u) 0) (ne (mod $u $ratio) 0) -}}
-{{- fail (printf "engine.prefixMatchUnit %d is not valid with block size %d: it must divide the block size and be a multiple of the QSA compress ratio %d (e.g. 16), or null for whole-block hits" $u $block $ratio) -}}
+{{- fail (printf "engine.prefixMatchUnit %d is not valid with block size %d: it must divide the block size and be a multiple of %s %d (e.g. 16), or null for whole-block hits" $u $block $profile.prefixMatchReason $ratio) -}}
 {{- end -}}
 {{- $u -}}
 {{- end -}}
@@ -232,21 +261,23 @@ dflash_ops.speculative_config builds it for the planner, the local stack and the
 - {{ .Values.model.maxModelLen | quote }}
 - --gpu-memory-utilization
 - {{ .Values.model.gpuMemoryUtilization | quote }}
-{{- if .Values.model.reasoningParser }}
+{{- with include "dflash-serve.reasoningParser" . }}
 - --reasoning-parser
-- {{ .Values.model.reasoningParser | quote }}
+- {{ . | quote }}
 {{- end }}
-{{- if .Values.model.toolCallParser }}
+{{- with include "dflash-serve.toolCallParser" . }}
 - --enable-auto-tool-choice
 - --tool-call-parser
-- {{ .Values.model.toolCallParser | quote }}
+- {{ . | quote }}
 {{- end }}
 {{- if ne .Values.speculative.method "off" }}
 - --speculative-config
 - {{ include "dflash-serve.speculativeConfig" . | quote }}
 {{- end }}
+{{- if (include "dflash-serve.modelProfile" . | fromYaml).engram }}
 - --engram-config
 - {{ dict "cpu_offload" .Values.model.pleCpuOffload | toJson | quote }}
+{{- end }}
 - --shutdown-timeout
 - {{ include "dflash-serve.shutdownTimeout" . | quote }}
 {{- if include "dflash-serve.engineScaleOut" . }}

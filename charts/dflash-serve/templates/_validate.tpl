@@ -6,6 +6,7 @@
 {{- if not (has $method $methods) -}}
 {{- fail (printf "speculative.method %q is unknown: use %s or %s" $method (initial $methods | join ", ") (last $methods)) -}}
 {{- end -}}
+{{- include "dflash-serve.validateProfile" . -}}
 {{- $_ := include "dflash-serve.speculativeSchedule" . -}}
 {{- if and (eq $method "dflash") (not .Values.speculative.draftModel) -}}
 {{- fail "speculative.method is dflash but speculative.draftModel is empty: set the DFlash2 draft (Hugging Face id or path on the model cache)" -}}
@@ -83,6 +84,27 @@
 
 {{/* Object names: Services need DNS-1035 labels (a letter first, no dots), in every layout;
 KubeRay limits RayCluster names to 53 characters. */}}
+{{/* What the model profile does not serve, and another profile's checkpoint or draft left in the
+values. */}}
+{{- define "dflash-serve.validateProfile" -}}
+{{- $profile := include "dflash-serve.modelProfile" . | fromYaml -}}
+{{- $name := .Values.model.profile -}}
+{{- $method := .Values.speculative.method -}}
+{{- if not (has $method $profile.methods) -}}
+{{- fail (printf "speculative.method %s is not served for model.profile %s: use %s" $method $name (join ", " $profile.methods)) -}}
+{{- end -}}
+{{- range $other, $o := (.Files.Get "files/model-profiles.yaml" | fromYaml) -}}
+{{- if ne $other $name -}}
+{{- if and $o.checkpoint (eq $.Values.model.name $o.checkpoint) -}}
+{{- fail (printf "model.name %s is %s's checkpoint and model.profile is %s: set model.name to your %s checkpoint (and model.servedName)" $.Values.model.name $o.displayName $name $profile.displayName) -}}
+{{- end -}}
+{{- if and (eq $method "dflash") $o.draftModel (eq $.Values.speculative.draftModel $o.draftModel) -}}
+{{- fail (printf "speculative.draftModel %s is %s's DFlash2 draft and model.profile is %s: set speculative.draftModel to a draft trained for %s" $.Values.speculative.draftModel $o.displayName $name $profile.displayName) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "dflash-serve.validateNames" -}}
 {{- $name := include "dflash-serve.fullname" . -}}
 {{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}

@@ -35,8 +35,7 @@ def register(subparsers: Any) -> None:
         "--model",
         choices=MODELS,
         help="the model whose bundled config to plan when no --config is given (default "
-        "qwen3.8-flash-next); GLM-5.3-Flash plans its block size and KV cache (no chart "
-        "values yet)",
+        "qwen3.8-flash-next)",
     )
     parser.add_argument("--gpu", default="a100", choices=sorted(GPUS), help="GPU product")
     parser.add_argument(
@@ -178,7 +177,7 @@ def measure_weights_gib(directory: str, tp: int) -> float:
 MODELS = ("glm-5.3-flash", "qwen3.8-flash-next")
 # Flags of the Qwen3.8-Flash-Next plan that GLM-5.3-Flash's does not have yet, with their
 # defaults: refused when given.
-NOT_FOR_GLM5_NEXT = {"schedule": None, "draft_model": None, "prefix_match_unit": 16}
+NOT_FOR_GLM5_NEXT = {"schedule": None}
 
 
 def capacity_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,7 +211,7 @@ def run_glm5_next(args: argparse.Namespace, ckpt: Glm5NextCheckpoint) -> int:
     ]
     if given:
         raise UserError(f"{', '.join(given)}: {glm5_next_report.NOT_PLANNED}; leave {given[0]} out")
-    glm5_next_report.check_format(args.format)
+    glm5_next_report.check_format(args.format, args.method, args.draft_model)
     plan = glm5_next_report.make_glm5_next_plan(
         ckpt,
         gpu=args.gpu,
@@ -222,6 +221,8 @@ def run_glm5_next(args: argparse.Namespace, ckpt: Glm5NextCheckpoint) -> int:
         engine=args.engine,
         method=args.method,
         draft=load_draft_profile(args.draft_config) if args.draft_config else None,
+        draft_model=args.draft_model,
+        prefix_match_unit=args.prefix_match_unit,
         **capacity_arguments(args),
     )
     sys.stdout.write(glm5_next_report.render(plan, args.format))

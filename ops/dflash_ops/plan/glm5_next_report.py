@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict
 
 from dflash_ops.errors import UserError
+from dflash_ops.model_profiles import PROFILES
 from dflash_ops.plan import glm5_next_capacity
 from dflash_ops.plan.draft import DraftProfile
 from dflash_ops.plan.glm5_next import (
@@ -21,20 +23,19 @@ from dflash_ops.plan.glm5_next import (
 from dflash_ops.plan.glm5_next_capacity import default_glm_dflash2_profile
 from dflash_ops.plan.kv_capacity import KvCapacity
 from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
-from dflash_ops.plan.output import columns, render_capacity
+from dflash_ops.plan.output import columns, engine_values, render_capacity
 from dflash_ops.plan.planner import (
+    DEFAULT_PREFIX_MATCH_UNIT,
     CapacityAssumptions,
     EngineName,
     capacity_inputs,
     resolve_engine,
     validate_tp_heads,
 )
+from dflash_ops.speculative_setting import SpeculativeSetting
 from dflash_ops.vocabulary import ChartMethod
 
-NOT_PLANNED = (
-    "chart values are planned for Qwen3.8-Flash-Next only so far; "
-    "for GLM-5.3-Flash this plan gives the block size and the KV cache"
-)
+NOT_PLANNED = "a k schedule is planned for Qwen3.8-Flash-Next only so far"
 TP_SIZES = (1, 2, 4, 8)
 METHODS = ("dflash", "ngram", "off")
 # No quantized build is assumed: the routed experts in the checkpoint's bfloat16.
@@ -54,7 +55,8 @@ class Glm5NextPlan(BaseModel):
     plans: list[Glm5NextBlockSizePlan]
     capacity_assumptions: CapacityAssumptions
     capacity: dict[int, KvCapacity]
-    not_planned: str = NOT_PLANNED
+    draft_model: str | None
+    prefix_match_unit: int | None
 
 
 def check_supported(ckpt: Glm5NextCheckpoint, gpu: str, tp: int) -> None:
@@ -77,6 +79,8 @@ def make_glm5_next_plan(
     engine: EngineName,
     method: ChartMethod = "dflash",
     draft: DraftProfile | None = None,
+    draft_model: str | None = None,
+    prefix_match_unit: int | None = DEFAULT_PREFIX_MATCH_UNIT,
     **capacity: Any,
 ) -> Glm5NextPlan:
     """Block sizes for each k, then vLLM's KV-cache plan for each (`capacity` takes the keyword
@@ -104,6 +108,9 @@ def make_glm5_next_plan(
         compute(ckpt, BlockSizeInputs(gpu=gpu, tp=tp, kv_cache_dtype=kv_cache_dtype, k=k))
         for k in ks
     ]
+    if prefix_match_unit:
+        for plan in plans:
+            check_prefix_match_unit(prefix_match_unit, plan.recommended_block_size, plan.k)
     return Glm5NextPlan(
         model=DISPLAY_NAME,
         checkpoint=ckpt.source,
@@ -118,7 +125,21 @@ def make_glm5_next_plan(
             p.k: capacity_of(ckpt, p, draft=assumptions.draft, inputs=assumptions.inputs)
             for p in plans
         },
+        draft_model=draft_model if method == "dflash" else None,
+        prefix_match_unit=prefix_match_unit or None,
     )
+
+
+def check_prefix_match_unit(unit: int, block: int, k: int) -> None:
+    """vLLM 0.33.0 (resolve_kv_cache_block_sizes): the unit divides every prefix-cached group's
+    block size and lands on whole pooled indexer states."""
+    pool = PROFILES["glm-5.3-flash"].prefix_match_multiple
+    if unit < 1 or block % unit or unit % pool:
+        raise UserError(
+            f"--prefix-match-unit {unit} is not valid with block size {block} (k={k}): it "
+            f"must divide the block size and be a multiple of the DSA indexer's pool "
+            f"(index_kpool) {pool}, e.g. 16; or --prefix-match-unit 0 for whole-block hits"
+        )
 
 
 def render_table(plan: Glm5NextPlan) -> str:
@@ -153,21 +174,56 @@ def render_table(plan: Glm5NextPlan) -> str:
         for p in plan.plans
     ]
     out += columns(header, rows)
-    out += ["", *render_capacity(plan), "", f"{plan.not_planned}."]
+    if plan.prefix_match_unit:
+        unit = plan.prefix_match_unit
+        out.append(
+            f"Prefix-cache hits land on multiples of {unit} tokens (--prefix-match-unit {unit}), "
+            "not on whole blocks; with a DFlash2 draft this needs patch 0004."
+        )
+    out += ["", *render_capacity(plan)]
     return "\n".join(out) + "\n"
 
 
-def check_format(fmt: str) -> None:
-    """Before planning: a format the plan cannot be written in."""
-    if fmt == "helm-values":
+def render_helm_values(plan: Glm5NextPlan) -> str:
+    """Chart values for the planned deployment (model.profile glm-5.3-flash), to merge with
+    yours, which name the checkpoint (model.name, model.servedName)."""
+    if len(plan.plans) != 1:
         raise UserError(
-            f"--format helm-values: the chart deploys Qwen3.8-Flash-Next only so far; "
-            f"for {DISPLAY_NAME} use --format table or json"
+            f"--format helm-values describes one deployment: pass one --k (got "
+            f"{len(plan.plans)}: {', '.join(str(p.k) for p in plan.plans)})"
+        )
+    (only,) = plan.plans
+    speculative = SpeculativeSetting(only.k, plan.method, None).chart_values(plan.draft_model)
+    values = {
+        "model": {"profile": "glm-5.3-flash"},
+        "gpu": {"type": plan.gpu},
+        "engine": engine_values(
+            plan.tp, plan.kv_cache_dtype, only.recommended_block_size, plan.prefix_match_unit
+        ),
+        "speculative": speculative,
+    }
+    header = (
+        f"# dflash-serve plan: {DISPLAY_NAME} on {plan.gpu} TP{plan.tp} k={only.k} "
+        f"({plan.engine} engine)\n"
+        "# helm install RELEASE charts/dflash-serve -f THIS_FILE -f YOURS (YOURS names "
+        "model.name and model.servedName)\n"
+    )
+    return header + yaml.safe_dump(values, sort_keys=False)
+
+
+def check_format(fmt: str, method: str, draft_model: str | None) -> None:
+    """Before planning: chart values for a DFlash2 deployment need the draft's name."""
+    if fmt == "helm-values" and method == "dflash" and not draft_model:
+        raise UserError(
+            f"--format helm-values with --method dflash needs --draft-model: no public "
+            f"{DISPLAY_NAME} DFlash2 draft is assumed; name yours"
         )
 
 
 def render(plan: Glm5NextPlan, fmt: str) -> str:
-    check_format(fmt)
     if fmt == "json":
         return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
+    if fmt == "helm-values":
+        check_format(fmt, plan.method, plan.draft_model)
+        return render_helm_values(plan)
     return render_table(plan)

@@ -36,13 +36,9 @@ def render_helm_values(plan: DeploymentPlan) -> str:
     speculative = setting.chart_values(plan.draft_model)
     values = {
         "gpu": {"type": plan.gpu},
-        "engine": {
-            "tensorParallelSize": plan.tp,
-            # The chart names the model's own dtype "auto".
-            "kvCacheDtype": "auto" if plan.kv_cache_dtype == "bfloat16" else plan.kv_cache_dtype,
-            "blockSize": only.recommended_block_size,
-            "prefixMatchUnit": plan.prefix_match_unit,
-        },
+        "engine": engine_values(
+            plan.tp, plan.kv_cache_dtype, only.recommended_block_size, plan.prefix_match_unit
+        ),
         "speculative": speculative,
     }
     header = (
@@ -50,6 +46,17 @@ def render_helm_values(plan: DeploymentPlan) -> str:
         "# helm install RELEASE charts/dflash-serve -f THIS_FILE (or dflash-serve render -f)\n"
     )
     return header + yaml.safe_dump(values, sort_keys=False)
+
+
+def engine_values(tp: int, kv_cache_dtype: str, block: int, unit: int | None) -> dict[str, object]:
+    """The chart's `engine` values for a planned deployment."""
+    return {
+        "tensorParallelSize": tp,
+        # The chart names the model's own dtype "auto".
+        "kvCacheDtype": "auto" if kv_cache_dtype == "bfloat16" else kv_cache_dtype,
+        "blockSize": block,
+        "prefixMatchUnit": unit,
+    }
 
 
 def render_table(plan: DeploymentPlan) -> str:

@@ -75,7 +75,7 @@ def test_the_cli_plans_the_bundled_config_and_a_checkpoint_directory(tmp_path: P
     table = plan_cli("--model", "glm-5.3-flash", "--gpu", "h100", "--k", "0-2",
                      "--weights-gib", "30", "--engine", "closed-form")  # fmt: skip
     assert table.returncode == 0, table.stderr
-    assert "GLM-5.3-Flash" in table.stdout and "planned for Qwen3.8-Flash-Next only" in table.stdout
+    assert "GLM-5.3-Flash" in table.stdout and "--prefix-match-unit 16" in table.stdout
     assert "KV cache per rank" in table.stdout and "GLM-5.3-Flash-DFlash2" in table.stdout
     (tmp_path / "config.json").write_text(
         json.dumps(
@@ -100,13 +100,33 @@ def test_the_cli_plans_the_bundled_config_and_a_checkpoint_directory(tmp_path: P
             ("--gpu", "h100", "--tp", "3"),
             "valid tensor-parallel sizes for GLM-5.3-Flash: 1, 2, 4, 8",
         ),
-        (("--gpu", "h100", "--format", "helm-values"), "the chart deploys Qwen3.8-Flash-Next only"),
-        (("--gpu", "h100", "--draft-model", "x/y"), "leave --draft-model out"),
+        (
+            ("--gpu", "h100", "--format", "helm-values"),
+            "helm-values with --method dflash needs --draft-model",
+        ),
+        (
+            (
+                "--gpu",
+                "h100",
+                "--weights-gib",
+                "30",
+                "--k",
+                "3-4",
+                "--draft-model",
+                "x/y",
+                "--format",
+                "helm-values",
+            ),
+            "describes one deployment: pass one --k",
+        ),
         (("--gpu", "h100", "--method", "mtp"), "planned for GLM-5.3-Flash are dflash, ngram, off"),
         (("--gpu", "h100"), "no memory is left for the KV cache: 80 GiB x"),
         (("--gpu", "h100", "--weights-gib", "30", "--weights-from", "/nonexistent"), "not both"),
         (("--gpu", "h100", "--schedule", "1-4:7"), "leave --schedule out"),
-        (("--gpu", "h100", "--prefix-match-unit", "32"), "leave --prefix-match-unit out"),
+        (
+            ("--gpu", "h100", "--weights-gib", "30", "--prefix-match-unit", "8"),
+            "multiple of the DSA indexer's pool (index_kpool) 16",
+        ),
     ],
 )
 def test_refusals_are_one_line(args: tuple[str, ...], says: str) -> None:
