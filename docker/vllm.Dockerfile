@@ -44,6 +44,10 @@ EXPOSE 8000
 # skips the API-server count and multiprocess metrics set-up). The PLE n-gram table offload is
 # `--engram-config '{"cpu_offload": true}'` (vLLM 0.33.0's default for this model).
 ENTRYPOINT ["vllm", "serve"]
+# Which patches of the series each model relies on (ops/dflash_ops/model_profiles.py; `dflash-serve
+# patches check --model NAME` checks them): GLM-5.3-Flash runs unpatched but for 0004.
+LABEL io.dflash-serve.patches.qwen3.8-flash-next="0001,0002,0003,0004" \
+      io.dflash-serve.patches.glm-5.3-flash="0004"
 # The commit the image was built from: the last layer, so a new commit rebuilds nothing else.
 ARG REVISION=unknown
 LABEL org.opencontainers.image.revision="${REVISION}"

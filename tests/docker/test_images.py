@@ -54,6 +54,16 @@ def test_engine_image_is_pinned_and_labelled() -> None:
     assert "docker/patch-vllm.sh" in text
 
 
+def test_engine_image_says_which_patches_each_model_relies_on() -> None:
+    import re
+
+    from dflash_ops.model_profiles import PROFILES
+
+    text = (REPO_ROOT / "docker" / "vllm.Dockerfile").read_text()
+    labels = dict(re.findall(r'io\.dflash-serve\.patches\.([\w.-]+)="([\d,]+)"', text))
+    assert labels == {name: ",".join(p.patches) for name, p in PROFILES.items()}
+
+
 def make_images_tags(*overrides: str) -> list[str]:
     out = subprocess.run(
         ["make", "-s", "-n", "images", *overrides],

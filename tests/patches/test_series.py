@@ -145,3 +145,46 @@ def test_hunk_parser_round_trips_on_a_small_diff() -> None:
     assert file_patch.path == "x.py"
     assert file_patch.apply("a = 1\nb = 2\nd = 5\n") == "a = 1\nb = 3\nc = 4\nd = 5\n"
     assert file_patch.apply("a = 1\nb = 3\nc = 4\nd = 5\n", reverse=True) == "a = 1\nb = 2\nd = 5\n"
+
+
+def test_glm_relies_on_0004_alone(
+    manifest: series.Manifest, target_tree: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GLM-5.3-Flash's profile names 0004: the others change Qwen4Exp's files, or generic code
+    whose hook GLM's classes do not define (0003: test_block_size_alignment's GLM probe), and no
+    changed line names GLM. `patches check --model glm-5.3-flash --require-applied` passes with
+    0004 alone applied, as it would in an image built for GLM only, and the Qwen check does not."""
+    from dflash_ops.cli import main
+    from dflash_ops.model_profiles import PROFILES
+
+    relied = PROFILES["glm-5.3-flash"].patches
+    assert relied == ("0004",)
+    generic = {
+        "vllm/model_executor/models/config.py",  # 0002: Qwen4Exp's config check
+        "vllm/model_executor/models/interfaces.py",  # 0003: the IsHybrid hook
+        "vllm/platforms/interface.py",  # 0003: the platform reads the hook
+    }
+    for entry in manifest.patches:
+        if entry.file[:4] in relied:
+            continue
+        for file_patch in series.load_patch(series.SERIES_DIR, entry):
+            assert file_patch.path.startswith("vllm/models/qwen4_exp/") or (
+                file_patch.path in generic
+            ), (entry.file, file_patch.path)
+            changed = [line for hunk in file_patch.hunks for line in hunk.lines if line[:1] in "+-"]
+            assert not any("glm" in line.lower() for line in changed), entry.file
+    (only,) = [e for e in manifest.patches if e.file[:4] == "0004"]
+    for file_patch in series.load_patch(series.SERIES_DIR, only):
+        path = target_tree / file_patch.path
+        path.write_text(file_patch.apply(path.read_text()))
+    args = ["--site-packages", str(target_tree), "--require-applied"]
+    assert main(["patches", "check", *args, "--model", "glm-5.3-flash"]) == 0
+    assert main(["patches", "check", *args, "--model", "qwen3.8-flash-next"]) == 1
+    assert main(["patches", "check", *args]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "0004-sliding-window-fine-grained-prefix-hits.patch: applied (glm-5.3-flash relies" in out
+    )
+    assert (
+        "0001-qwen4-exp-capture-aux-hidden-states.patch: pending (not used by glm-5.3-flash)" in out
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.errors import UserError
+from dflash_ops.model_profiles import PROFILE_NAMES, profile
 
 
 def default_site_packages() -> Path | None:
@@ -49,7 +50,22 @@ def register(subparsers: Any) -> None:
                 action="store_true",
                 help="exit 1 unless every patch is applied (image self check)",
             )
+            sub.add_argument(
+                "--model",
+                choices=PROFILE_NAMES,
+                help="say which patches this model relies on; with --require-applied, require "
+                "only those",
+            )
         sub.set_defaults(handler=run)
+
+
+def relied_on(model: str | None, files: list[str]) -> set[str]:
+    """The patch files a model relies on (model_profiles: by number); every one without a
+    model."""
+    if model is None:
+        return set(files)
+    numbers = profile(model).patches
+    return {f for f in files if f.split("-", 1)[0] in numbers}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,14 +78,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "check":
             states = series.check(site_packages, series_dir)
-            applied = all(s.state == series.PatchState.APPLIED for s in states)
+            relied = relied_on(args.model, [s.file for s in states])
+            applied = all(s.state == series.PatchState.APPLIED for s in states if s.file in relied)
             if args.format == "json":
                 print(json.dumps([s.model_dump(mode="json") for s in states], indent=2))
             else:
                 for s in states:
-                    print(f"{s.file}: {s.state.value}")
+                    used = "" if args.model is None else (
+                        f" ({args.model} relies on it)" if s.file in relied
+                        else f" (not used by {args.model})"
+                    )  # fmt: skip
+                    print(f"{s.file}: {s.state.value}{used}")
             if args.require_applied and not applied:
-                print("error: the patch series is not fully applied", file=sys.stderr)
+                what = "the patch series is" if args.model is None else (
+                    f"a patch {args.model} relies on is"
+                )  # fmt: skip
+                print(f"error: {what} not fully applied", file=sys.stderr)
                 return 1
             return 0
         done = (series.apply if args.action == "apply" else series.revert)(

@@ -4,6 +4,12 @@ on 2x A100-80GB (or H100) inside the patched image, and printed as one table.
 
     python -m dflash_ops.deployment_checks.gpu --model /models/Qwen3.8-Flash-Next-AWQ \\
         --draft /models/Qwen3.8-Flash-Next-DFlash2 [--gpu a100] [--dry-run]
+    python -m dflash_ops.deployment_checks.gpu --model /models/GLM-5.3-Flash \\
+        --draft /models/GLM-5.3-Flash-DFlash2 --gpu h200 --tp 8
+
+The checkpoint's model_type picks the model's profile (dflash_ops.model_profiles): its parsers
+and flags, and the engines and steps that apply to it (GLM-5.3-Flash: no MTP-3 baseline, which
+it is not served with, and no capture overhead, which is vLLM's own code there).
 
 Engines run one after another (two TP2 engines do not fit on one 2-GPU machine):
 
@@ -41,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.deployment_checks.gpu_engine import Engine, log, run_json
-from dflash_ops.deployment_checks.gpu_steps import BEFORE, ENGINES, Run, run_steps, step_line
+from dflash_ops.deployment_checks.gpu_steps import BEFORE, Run, engines_for, run_steps, step_line
+from dflash_ops.model_profiles import PROFILES, ModelProfile, profile_of_model_type
 
 
 class EngineDeployer:
@@ -118,7 +125,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="checkpoint directory (with config.json)")
     parser.add_argument("--draft", required=True, help="the DFlash2 draft (directory or id)")
-    parser.add_argument("--gpu", default="a100", choices=["a100", "h100"])
+    parser.add_argument("--gpu", default="a100", choices=["a100", "b200", "h100", "h200"])
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=2,
+        help="tensor-parallel size of every engine (default 2; GLM-5.3-Flash in bf16 needs 8)",
+    )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--min-acceptance", type=float, default=3.0)
     parser.add_argument(
@@ -145,19 +158,23 @@ def main() -> int:
         return reference_table(args)
     config_path = Path(args.model) / "config.json"
     plan_argv = [
-        sys.executable, "-m", "dflash_ops.cli", "plan", "--gpu", args.gpu, "--tp", "2", "--k",
-        "3-7", "--draft-model", args.draft, "--format", "json",
+        sys.executable, "-m", "dflash_ops.cli", "plan", "--gpu", args.gpu, "--tp", str(args.tp),
+        "--k", "3-7", "--draft-model", args.draft, "--format", "json",
     ]  # fmt: skip
+    profile = PROFILES["qwen3.8-flash-next"]
     if config_path.is_file():
         plan_argv += ["--config", str(config_path)]
+        profile = model_profile(config_path)
     else:
         log(f"{config_path} not found: planning with the bundled reference config")
-    plan = run_json(plan_argv)
-    block = plan["recommended_block_size"]["7"]
+    if any(Path(args.model).glob("*.safetensors")):
+        plan_argv += ["--weights-from", args.model]
+    per_k = planned_block_sizes(run_json(plan_argv))
+    block = per_k["7"]
     if args.dry_run:
-        print(dry_run(args, block, plan["recommended_block_size"]))
+        print(dry_run(args, block, per_k, profile))
         return 0
-    run = Run(args, block)
+    run = Run(args, block, profile)
     run_steps(run)
     (args.work / "results.json").write_text(json.dumps(run.results, indent=2))
     print(run.report.table())
@@ -166,15 +183,43 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def dry_run(args: argparse.Namespace, block: int, per_k: dict[str, int]) -> str:
+def model_profile(config_path: Path) -> ModelProfile:
+    """The profile of the checkpoint's model type; one line naming it when there is none."""
+    from dflash_ops.plan.checkpoint import declared_model_type, read_config
+
+    _, raw = read_config(config_path, "--model")
+    model_type = declared_model_type(raw)
+    found = profile_of_model_type(model_type)
+    if found is None:
+        raise SystemExit(
+            f"gpu check: error: --model {config_path.parent}: model_type {model_type!r} is "
+            f"neither model the check knows ({', '.join(PROFILES)})"
+        )
+    return found
+
+
+def planned_block_sizes(plan: dict[str, Any]) -> dict[str, int]:
+    """The block size per k of `dflash-serve plan --format json`, whichever model it planned."""
+    if "recommended_block_size" in plan:
+        return {k: int(v) for k, v in plan["recommended_block_size"].items()}
+    return {str(p["k"]): int(p["recommended_block_size"]) for p in plan["plans"]}
+
+
+def dry_run(
+    args: argparse.Namespace, block: int, per_k: dict[str, int], profile: ModelProfile
+) -> str:
     """The plan, each engine's command line (a line each, first), then each engine's steps."""
-    lines = [f"plan: block size {block} at k=7 ({args.gpu}, TP2); per k: {per_k}"]
-    for planned in ENGINES:
-        engine = Engine(args, planned.name, planned.setting.engine_args(args.draft))
+    engines = engines_for(profile)
+    lines = [
+        f"plan: block size {block} at k=7 ({args.gpu}, TP{args.tp}, {profile.display_name}); "
+        f"per k: {per_k}"
+    ]
+    for planned in engines:
+        engine = Engine(args, planned.name, planned.setting.engine_args(args.draft), profile)
         lines.append(f"{planned.name}: {shlex.join(engine.argv)}")
     lines.append("steps:")
     lines += [f"  before the engines: {step_line(step)}" for step in BEFORE]
-    for planned in ENGINES:
+    for planned in engines:
         lines += [f"  {planned.name}: {step_line(step)}" for step in planned.during]
         lines += [f"  after {planned.name}: {step_line(step)}" for step in planned.after]
     lines.append(

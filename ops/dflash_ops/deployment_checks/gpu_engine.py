@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_ops.model_profiles import PROFILES, ModelProfile
+
 
 @dataclass
 class Row:
@@ -56,8 +58,16 @@ def run_json(argv: list[str], timeout: float = 600) -> Any:
 class Engine:
     """One `vllm serve` process with its log, stopped on exit."""
 
-    def __init__(self, args: argparse.Namespace, name: str, extra: list[str]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        name: str,
+        extra: list[str],
+        profile: ModelProfile = PROFILES["qwen3.8-flash-next"],
+    ) -> None:
         self.name = name
+        # As the chart renders it for the model's profile.
+        engram = ["--engram-config", '{"cpu_offload": true}'] if profile.engram else []
         self.argv = [
             "vllm",
             "serve",
@@ -67,7 +77,7 @@ class Engine:
             "--port",
             str(args.port),
             "--tensor-parallel-size",
-            "2",
+            str(getattr(args, "tp", 2)),
             "--enable-expert-parallel",
             "--mamba-cache-mode",
             "align",
@@ -75,12 +85,11 @@ class Engine:
             "--prefix-match-unit",
             "16",
             "--reasoning-parser",
-            "qwen3",
+            profile.reasoning_parser,
             "--enable-auto-tool-choice",
             "--tool-call-parser",
-            "qwen3_xml",
-            "--engram-config",
-            '{"cpu_offload": true}',
+            profile.tool_call_parser,
+            *engram,
             *extra,
         ]
         self.log_path = args.work / f"engine-{name}.log"

@@ -6,11 +6,13 @@ one step."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dflash_ops.deployment_checks.gpu_engine import (
@@ -24,20 +26,38 @@ from dflash_ops.deployment_checks.gpu_engine import (
     greedy_ids,
     sampled_continuations,
 )
+from dflash_ops.model_profiles import PROFILES, ModelProfile
 from dflash_ops.speculative_schedule import parse_schedule
 from dflash_ops.speculative_setting import SpeculativeSetting
 
+# The public DFlash2 draft of Qwen3.8-Flash-Next captures the outputs of layers 5, 15, 25, 35
+# and 45, which vLLM names by their next layer.
 EXPECTED_AUX_LAYERS = "(6, 16, 26, 36, 46)"
 SCHEDULE = "1-2:7,3-:3"
 
 
+def expected_aux_layers(draft: str, profile: ModelProfile) -> str | None:
+    """The aux layers vLLM names for this draft: from its config.json where the draft is a
+    directory (vLLM adds 1 to a DFlash draft's target_layer_ids), the public draft's otherwise;
+    None when neither is known."""
+    config = Path(draft) / "config.json"
+    if config.is_file():
+        ids = (json.loads(config.read_text()).get("dflash_config") or {}).get("target_layer_ids")
+        if ids:
+            return str(tuple(i + 1 for i in ids))
+    if draft == profile.draft_model == PROFILES["qwen3.8-flash-next"].draft_model:
+        return EXPECTED_AUX_LAYERS
+    return None
+
+
 @dataclass
 class Run:
-    """What the steps share: the flags, the planned block size, the report, and what one step
-    measures for a later one."""
+    """What the steps share: the flags, the model's profile, the planned block size, the
+    report, and what one step measures for a later one."""
 
     args: argparse.Namespace
     block: int
+    profile: ModelProfile = PROFILES["qwen3.8-flash-next"]
     report: Report = field(default_factory=Report)
     results: dict[str, Any] = field(default_factory=dict)
     mean_acceptance: float | None = None
@@ -75,11 +95,17 @@ def block_size_and_aux_layers(run: Run, engine: Engine) -> None:
         f"{run.block} (the plan)",
         bool(chosen) and int(chosen[-1]) == run.block,
     )
+    expected = expected_aux_layers(run.args.draft, run.profile)
+    if expected is None:
+        run.report.add(
+            "aux layers", "not checked", "--draft as a directory with its config.json", False
+        )
+        return
     run.report.add(
         "aux layers",
-        "named" if EXPECTED_AUX_LAYERS in text else "not in the log",
-        EXPECTED_AUX_LAYERS,
-        EXPECTED_AUX_LAYERS in text,
+        "named" if expected in text else "not in the log",
+        expected,
+        expected in text,
     )
 
 
@@ -106,16 +132,17 @@ def acceptance(run: Run, engine: Engine) -> None:
 
 
 def parsers(run: Run, engine: Engine) -> None:
-    """The reasoning parser (qwen3) and one qwen3_xml tool call."""
+    """The model's reasoning parser and one tool call through its tool-call parser."""
     import httpx
 
     from dflash_ops.deployment_checks import helm_test
 
     report = run.report
+    reasoning, tools = run.profile.reasoning_parser, run.profile.tool_call_parser
     with httpx.Client(base_url=engine.url, timeout=run.args.request_timeout) as client:
         for name, check in (
             ("reasoning + answer", helm_test.chat),
-            ("qwen3_xml tool call", helm_test.tool_call),
+            (f"{tools} tool call", helm_test.tool_call),
         ):
             try:
                 report.add(name, check(client, "model"), "passes", True)
@@ -133,7 +160,7 @@ def parsers(run: Run, engine: Engine) -> None:
         message = reply.json()["choices"][0]["message"] if reply.status_code == 200 else {}
         thought = message.get("reasoning_content") or message.get("reasoning")
         report.add(
-            "qwen3 reasoning parser",
+            f"{reasoning} reasoning parser",
             "reasoning returned" if thought else f"no reasoning field ({reply.status_code})",
             "separate reasoning",
             bool(thought),
@@ -287,6 +314,20 @@ ENGINES = (
 )  # fmt: skip
 
 
+def engines_for(profile: ModelProfile) -> tuple[EngineSteps, ...]:
+    """The engines and steps that apply to a model: the methods it is served with, and the
+    capture overhead only where the series adds the capture (patch 0001, Qwen3.8-Flash-Next)."""
+    chosen = []
+    for planned in ENGINES:
+        if planned.setting.method not in profile.methods:
+            continue
+        if "0001" not in profile.patches:
+            during = tuple(s for s in planned.during if s is not capture_overhead)
+            planned = EngineSteps(planned.name, planned.setting, during, planned.after)
+        chosen.append(planned)
+    return tuple(chosen)
+
+
 def step_line(step: Step | Final) -> str:
     """A step as the dry run shows it: its name and what it checks."""
     first = " ".join((step.__doc__ or "").split()).split(". ")[0].removesuffix(".")
@@ -299,9 +340,9 @@ def run_steps(run: Run) -> None:
     try:
         for final in BEFORE:
             final(run)
-        for planned in ENGINES:
+        for planned in engines_for(run.profile):
             extra = planned.setting.engine_args(run.args.draft)
-            with Engine(run.args, planned.name, extra) as engine:
+            with Engine(run.args, planned.name, extra, run.profile) as engine:
                 for step in planned.during:
                     step(run, engine)
             for final in planned.after:

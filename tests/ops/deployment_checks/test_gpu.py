@@ -28,7 +28,7 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     config = REPO_ROOT / "ops" / "dflash_ops" / "data" / "qwen3.8-flash-next.config.json"
     (model / "config.json").write_text(config.read_text())
     lines = dry_run(model, tmp_path)
-    assert lines[0].startswith("plan: block size 1680 at k=7 (a100, TP2)")
+    assert lines[0].startswith("plan: block size 1680 at k=7 (a100, TP2, Qwen3.8-Flash-Next)")
     engines = {line.split(":", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in lines[1:5]}
     assert set(engines) == {"dflash2", "no speculation", "mtp3", "dflash2-schedule"}
     for argv in engines.values():
@@ -41,6 +41,54 @@ def test_dry_run_prints_the_plan_and_every_command(tmp_path: Path) -> None:
     spec = json.loads(scheduled[scheduled.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == 7
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 7], [3, 65536, 3]]
+
+
+def test_the_dry_run_of_glm_runs_its_engines_with_its_flags(tmp_path: Path) -> None:
+    """GLM-5.3-Flash (found by the checkpoint's model_type): its plan at the asked TP, its
+    parsers, no --engram-config, no MTP engine (not served) and no capture-overhead step (the
+    capture is vLLM's own, not the series')."""
+    model, draft = tmp_path / "glm", tmp_path / "draft"
+    model.mkdir()
+    draft.mkdir()
+    config = REPO_ROOT / "ops" / "dflash_ops" / "data" / "glm-5.3-flash.config.json"
+    (model / "config.json").write_text(config.read_text())
+    fixture = REPO_ROOT / "tests" / "patches" / "fixtures" / "glm-dflash2-draft" / "config.json"
+    (draft / "config.json").write_text(fixture.read_text())
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.deployment_checks.gpu", "--model", str(model),
+         "--draft", str(draft), "--gpu", "h200", "--tp", "8", "--dry-run",
+         "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("plan: block size 1024 at k=7 (h200, TP8, GLM-5.3-Flash)")
+    engines = {line.split(":", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in lines[1:4]}
+    assert set(engines) == {"dflash2", "no speculation", "dflash2-schedule"}
+    for argv in engines.values():
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+        assert argv[argv.index("--reasoning-parser") + 1] == "glm45"
+        assert argv[argv.index("--tool-call-parser") + 1] == "glm47"
+        assert "--engram-config" not in argv
+    assert not any("capture_overhead" in line or "against_mtp" in line for line in lines)
+
+    from dflash_ops.deployment_checks.gpu_steps import expected_aux_layers
+    from dflash_ops.model_profiles import PROFILES
+
+    glm, qwen = PROFILES["glm-5.3-flash"], PROFILES["qwen3.8-flash-next"]
+    assert expected_aux_layers(str(draft), glm) == "(4, 12, 24, 36, 44)"
+    assert expected_aux_layers("someone/draft", glm) is None
+    assert expected_aux_layers(qwen.draft_model, qwen) == "(6, 16, 26, 36, 46)"
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.deployment_checks.gpu", "--model", str(tmp_path),
+         "--draft", "d2", "--dry-run", "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0 and "model_type 'llama' is neither model" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_dry_run_names_every_step_and_every_check_lives_in_one(tmp_path: Path) -> None:
@@ -82,8 +130,8 @@ def test_sync_check_every_gpu_claim_has_a_check() -> None:
         "aux layers",
         "mean acceptance length, c=1",
         "per-position acceptance",
-        "qwen3_xml tool call",
-        "qwen3 reasoning parser",
+        "{tools} tool call",
+        "{reasoning} reasoning parser",
         "prefix-cache hit rate",
         "capture overhead per decode step",
         "lossless at concurrency",
