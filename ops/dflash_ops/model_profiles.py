@@ -15,7 +15,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_ops.errors import UserError
-from dflash_ops.vocabulary import ChartMethod
+from dflash_ops.vocabulary import CHART_METHODS, ChartMethod
 
 ProfileName = Literal["qwen3.8-flash-next", "glm-5.3-flash"]
 PROFILE_NAMES: tuple[ProfileName, ...] = get_args(ProfileName)
@@ -50,7 +50,7 @@ PROFILES: dict[ProfileName, ModelProfile] = {
         model_types=("qwen4_exp", "qwen4_exp_text"),
         gpus=("a100", "b200", "h100", "h200"),
         gpu_reason="",
-        methods=("dflash", "mtp", "ngram", "off"),
+        methods=CHART_METHODS,
         reasoning_parser="qwen3",
         tool_call_parser="qwen3_xml",
         engram=True,
@@ -73,7 +73,8 @@ PROFILES: dict[ProfileName, ModelProfile] = {
         gpu_reason=(
             "its attention is sparse MLA, and vLLM 0.33.0's sparse MLA backends need SM90 or SM100"
         ),
-        methods=("dflash", "ngram", "off"),
+        # Its MTP head is not planned: every other method.
+        methods=tuple(m for m in CHART_METHODS if m != "mtp"),
         # vLLM's GLM-5 recipe: GLM-4.7's parsers (both names map to the glm47_moe parsers).
         reasoning_parser="glm45",
         tool_call_parser="glm47",

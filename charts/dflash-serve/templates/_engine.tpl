@@ -48,7 +48,7 @@ Ray head may wait for its workers to join. The sidecar uses it to tell "still lo
 {{- if eq .Values.speculative.method "off" -}}0{{- else -}}{{ int .Values.speculative.numSpeculativeTokens }}{{- end -}}
 {{- end -}}
 
-{{/* The model profile (files/model-profiles.yaml, from dflash_ops.model_profiles): what differs
+{{/* The model profile (files/model-profiles.yaml, which make generate writes): what differs
 per model the chart serves. */}}
 {{- define "dflash-serve.modelProfile" -}}
 {{- $all := .Files.Get "files/model-profiles.yaml" | fromYaml -}}

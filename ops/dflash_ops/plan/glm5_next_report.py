@@ -37,7 +37,7 @@ from dflash_ops.vocabulary import ChartMethod
 
 NOT_PLANNED = "a k schedule is planned for Qwen3.8-Flash-Next only so far"
 TP_SIZES = (1, 2, 4, 8)
-METHODS = ("dflash", "ngram", "off")
+METHODS = PROFILES["glm-5.3-flash"].methods
 # No quantized build is assumed: the routed experts in the checkpoint's bfloat16.
 EXPERT_BITS = 16
 
