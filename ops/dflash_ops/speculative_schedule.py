@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import re
 
-# The end of an open range (`17-:0`): far above any batch size an engine runs.
-OPEN_END = 65536
+# The schedule's form and lookup live with the sidecar, which reads schedules too.
+from dflash_sidecar.schedule_form import OPEN_END, Schedule, k_at, short_form
+
+__all__ = ["OPEN_END", "Schedule", "ScheduleError", "k_at", "parse_schedule", "short_form"]
+
 EXAMPLE = "1-4:7,5-16:3,17-:0"
 _SHORT = re.compile(r"^(\d+)-(\d*):(\d+)$")
-
-Schedule = tuple[tuple[int, int, int], ...]
 
 
 class ScheduleError(ValueError):
@@ -95,19 +96,3 @@ def check_schedule(entries: object, max_k: int, given: str | None = None) -> Sch
             "at 1, so every batch size has a k"
         )
     return tuple(schedule)
-
-
-def short_form(schedule: Schedule) -> str:
-    return ",".join(
-        f"{first}-{'' if last == OPEN_END else last}:{k}" for first, last, k in schedule
-    )
-
-
-def k_at(schedule: Schedule, batch_size: int, max_k: int) -> int:
-    """The k vLLM drafts at `batch_size` (gaps and the tail keep the k before them)."""
-    k = schedule[0][2]
-    for first, _, range_k in schedule:
-        if first > batch_size:
-            break
-        k = range_k
-    return min(k, max_k)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import pairwise
@@ -40,7 +41,7 @@ def acceptance_ratios(
     )
 
 
-def acceptance_length_at(per_position: list[float], k: int) -> float:
+def acceptance_length_at(per_position: Sequence[float], k: int) -> float:
     """The mean acceptance length a draft of length k would reach, predicted from per-position
     acceptance measured at a larger k: 1 + the first k position rates (a draft position's
     acceptance does not depend on how many positions follow it)."""

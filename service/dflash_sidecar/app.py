@@ -22,6 +22,7 @@ from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.events import VerdictEvents
 from dflash_sidecar.metrics import build_registry
 from dflash_sidecar.models import EngineLiveness, Readiness, StatsResponse
+from dflash_sidecar.recommendation import Recommendation
 from dflash_sidecar.settings import SidecarSettings
 
 log = logging.getLogger("dflash_sidecar")
@@ -77,6 +78,10 @@ def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) 
     @app.get("/stats", response_model=StatsResponse)
     async def stats() -> StatsResponse:
         return monitor.stats()
+
+    @app.get("/recommendation", response_model=Recommendation)
+    async def recommendation() -> Recommendation:
+        return monitor.recommendation()
 
     app.state.metrics_page = (None, b"")  # (the scrape it renders, the page)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dflash_sidecar.step_cost import StepCostModel
 from dflash_sidecar.verdict import VerdictThresholds
 
 
@@ -37,6 +38,11 @@ class Baseline(BaseModel):
     sampling: str = Field(min_length=1, description="how the traffic sampled, as bench says it")
     workload: str = Field(default="", description="the requests (dataset, lengths)")
     source: str = Field(default="", description="where and when it was measured")
+    step_cost: StepCostModel | None = Field(
+        default=None,
+        description="the deployment's step time by running batch and k, fitted from the same "
+        "sweep: what the schedule recommendation predicts with",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Baseline:

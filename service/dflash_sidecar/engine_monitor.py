@@ -46,6 +46,7 @@ from dflash_sidecar.models import (
     StatsResponse,
     WindowStats,
 )
+from dflash_sidecar.recommendation import Recommendation, RunningBatchSamples, recommend
 from dflash_sidecar.settings import SidecarSettings
 from dflash_sidecar.verdict import Verdict
 
@@ -112,6 +113,7 @@ class EngineMonitor:
         self._canary: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._figures: Figures | None = None
+        self.batches = RunningBatchSamples(max(settings.windows.values()))
 
     # -- one cycle ---------------------------------------------------------------------------
     async def run_once(self, now: float | None = None) -> None:
@@ -207,6 +209,7 @@ class EngineMonitor:
                 self.probe.last_progress_at = now
             self.probe.last_generation_tokens = generation
         self.probe.requests_running = running
+        self.batches.add(now, running)
 
     def _window_for(self, key: SeriesKey, now: float) -> AcceptanceWindow | None:
         """The window of a series; a new series takes the slot of the one unseen for longest,
@@ -416,6 +419,22 @@ class EngineMonitor:
         if self._figures is None:
             self._figures = self._compute_figures(time.monotonic())
         return self._figures
+
+    def recommendation(self, now: float | None = None) -> Recommendation:
+        """The schedule the traffic of the longest window asks for (recommendation.py)."""
+        now = time.monotonic() if now is None else now
+        name, seconds = max(self.settings.windows.items(), key=lambda item: item[1])
+        stats = self._window_stats(self._total_delta(seconds, now), seconds, "")
+        baseline = self.settings.baseline
+        return recommend(
+            baseline.step_cost if baseline else None,
+            stats.per_position_acceptance,
+            stats.drafts,
+            self.settings.speculative_tokens or 0,
+            self.batches.share(now, seconds),
+            name,
+            f"{baseline.sampling}; {baseline.workload}" if baseline else "",
+        )
 
     def stats(self, now: float | None = None) -> StatsResponse:
         now = time.monotonic() if now is None else now

@@ -32,11 +32,50 @@ class SidecarCollector(Collector):
         yield from self._engine()
         yield from self._scrape_health()
         try:
-            families = list(self._acceptance())
+            families = list(self._acceptance()) + list(self._schedule())
         except Exception:  # never lose the engine series above to a bug in the figures
             self.logs.log(logging.ERROR, "collect", "acceptance metrics failed", exc_info=True)
             families = []
         yield from families
+
+    def _schedule(self) -> Iterator[Metric]:
+        """The schedule recommendation (recommendation.py): whether one is available, the
+        predicted gain over the running schedule and the recommended k per batch range."""
+        advice = self.monitor.recommendation()
+        available = GaugeMetricFamily(
+            "dflash_schedule_recommendation_available",
+            "1 when the sidecar has a step-cost model and enough live figures to recommend a k "
+            "schedule (GET /recommendation says why not).",
+        )
+        available.add_metric([], 1.0 if advice.available else 0.0)
+        yield available
+        if not advice.available or advice.predicted_gain is None:
+            return
+        gain = GaugeMetricFamily(
+            "dflash_schedule_predicted_gain",
+            "Predicted output throughput of the recommended k schedule over the running one, "
+            "minus 1, at the batch sizes the longest window ran.",
+        )
+        gain.add_metric([], advice.predicted_gain)
+        yield gain
+        tokens = GaugeMetricFamily(
+            "dflash_schedule_predicted_tokens_per_second",
+            "Predicted output tokens/s of the running and the recommended schedule.",
+            labels=["schedule"],
+        )
+        for name, value in (advice.predicted_tokens_per_s or {}).items():
+            tokens.add_metric([name], value)
+        yield tokens
+        ks = GaugeMetricFamily(
+            "dflash_schedule_recommended_k",
+            "The recommended k for running batch sizes first..last (last 65536: open).",
+            labels=["first", "last"],
+        )
+        for part in (advice.schedule or "").split(","):
+            bounds, k = part.split(":")
+            first, last = bounds.split("-")
+            ks.add_metric([first, last or "65536"], float(k))
+        yield ks
 
     def _engine(self) -> Iterator[Metric]:
         monitor = self.monitor

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from dflash_ops.bench.core.baseline import baseline_of
 from dflash_ops.bench.core.results import BenchResult, LevelResult, requests_described
 from dflash_ops.bench.sweep.deployers import Setting
+from dflash_ops.bench.sweep.step_cost_fit import fit_step_cost, step_points
 from dflash_ops.errors import UserError
 from dflash_ops.vocabulary import SpeculativeMethod
 
@@ -321,7 +322,13 @@ def sweep_baseline(analysis: SweepAnalysis, results: dict[Setting, BenchResult])
     except UserError:  # a server that exports no acceptance: nothing to judge against
         return None
     # Per-position figures for another k than the setting's: not this setting's engine.
-    return baseline if baseline.num_speculative_tokens == static.k else None
+    if baseline.num_speculative_tokens != static.k:
+        return None
+    try:
+        step_cost = fit_step_cost(step_points(results))
+    except UserError:  # one load only: the sidecar recommends no schedule from this sweep
+        return baseline
+    return baseline.model_copy(update={"step_cost": step_cost})
 
 
 def recommended_values(
@@ -374,7 +381,14 @@ def recommended_values(
             "# sidecar.baseline: the acceptance measured here; the verdict and the collapse alert "
             "judge against it."
         )
-        values["sidecar"] = {"baseline": baseline.model_dump(mode="json")}
+        values["sidecar"] = {"baseline": baseline.model_dump(mode="json", exclude_none=True)}
+        if baseline.step_cost is not None:
+            cost = baseline.step_cost
+            lines.append(
+                f"# sidecar.baseline.step_cost: the step time fitted from {cost.points} of these "
+                f"measurements (throughput error {cost.fit_error_rms:.1%} rms, "
+                f"{cost.fit_error_max:.1%} max); GET /recommendation predicts with it."
+            )
     elif baseline is not None:
         lines.append(
             "# The sidecar's baseline for this traffic: baseline.yaml (local up --baseline)."

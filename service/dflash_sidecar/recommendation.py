@@ -1,0 +1,144 @@
+"""The k schedule the live traffic asks for: the step-cost model of the deployment (fitted by
+`bench sweep`, carried in the baseline), the per-position acceptance the engine reads now, and
+how long the engine ran each batch size. Served at GET /recommendation and exported as
+`dflash_schedule_*` series.
+
+It says which figures it used, over which window, and why it recommends nothing when it cannot:
+no step-cost model, too few drafts or batch samples, or per-position acceptance measured below
+the largest k (a schedule lowered k in the window: only position 0 is then known).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dflash_sidecar.schedule_form import OPEN_END, Schedule, short_form
+from dflash_sidecar.step_cost import StepCostModel, expected_tokens_per_s, recommended_ranges
+
+# A change is recommended when it is predicted this much faster than what runs.
+MIN_GAIN = 0.05
+MIN_DRAFTS = 200.0
+MIN_BATCH_SAMPLES = 30
+
+
+class RunningBatchSamples:
+    """vllm:num_requests_running at every scrape, over the longest window; idle scrapes
+    (nothing running) are left out: no schedule runs then."""
+
+    def __init__(self, keep_seconds: float) -> None:
+        self.keep_seconds = keep_seconds
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, running: float) -> None:
+        if running >= 1:
+            self.samples.append((now, round(running)))
+        while self.samples and self.samples[0][0] < now - self.keep_seconds:
+            self.samples.popleft()
+
+    def share(self, now: float, seconds: float) -> dict[int, int]:
+        """Scrapes per batch size over the last `seconds` (scrapes are evenly spaced)."""
+        return dict(Counter(b for at, b in self.samples if at >= now - seconds))
+
+
+class Evidence(BaseModel):
+    window: str
+    drafts: float
+    per_position_acceptance: list[float]
+    batch_samples: dict[int, int] = Field(description="scrapes seen at each running batch size")
+    step_cost: StepCostModel | None
+    measured_on: str = Field(description="the sampling and workload the step cost came from")
+
+
+class Recommendation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    available: bool
+    recommended: bool = Field(description=f"predicted at least {MIN_GAIN:.0%} faster")
+    reason: str
+    running: str = Field(description="the schedule in effect, in the short form")
+    schedule: str | None = Field(description="the schedule predicted fastest, in the short form")
+    chart_values: dict[str, object] | None = Field(
+        description="the chart's values for it (helm upgrade -f)"
+    )
+    predicted_gain: float | None = Field(description="recommended over running, minus 1")
+    predicted_tokens_per_s: dict[str, float] | None
+    evidence: Evidence
+
+
+def recommend(
+    step_cost: StepCostModel | None,
+    per_position: list[float],
+    drafts: float,
+    largest_k: int,
+    batch_samples: dict[int, int],
+    window: str,
+    measured_on: str = "",
+) -> Recommendation:
+    running: Schedule = ((1, OPEN_END, largest_k),)
+    evidence = Evidence(
+        window=window,
+        drafts=drafts,
+        per_position_acceptance=per_position,
+        batch_samples=batch_samples,
+        step_cost=step_cost,
+        measured_on=measured_on,
+    )
+
+    def none(reason: str) -> Recommendation:
+        return Recommendation(
+            available=False, recommended=False, reason=reason, running=short_form(running),
+            schedule=None, chart_values=None, predicted_gain=None, predicted_tokens_per_s=None,
+            evidence=evidence,
+        )  # fmt: skip
+
+    if step_cost is None:
+        return none(
+            "no step-cost model: give the sidecar bench sweep's baseline (sidecar.baseline, "
+            "local up --baseline), which carries it"
+        )
+    if largest_k < 1:
+        return none("speculation is off: there is no k to schedule")
+    if drafts < MIN_DRAFTS:
+        return none(f"{drafts:.0f} drafts in the {window} window; waiting for {MIN_DRAFTS:.0f}")
+    if len(per_position) < largest_k:
+        return none(
+            f"per-position acceptance is known up to position {len(per_position)} of "
+            f"{largest_k}: a schedule lowered k in the {window} window"
+        )
+    samples = sum(batch_samples.values())
+    if samples < MIN_BATCH_SAMPLES:
+        return none(
+            f"{samples} scrapes with requests running in the {window} window; waiting for "
+            f"{MIN_BATCH_SAMPLES}"
+        )
+    ranges = recommended_ranges(step_cost, per_position, range(largest_k + 1), max(batch_samples))
+    ours = expected_tokens_per_s(step_cost, ranges, per_position, batch_samples)
+    theirs = expected_tokens_per_s(step_cost, running, per_position, batch_samples)
+    gain = ours / theirs - 1 if theirs > 0 else 0.0
+    text = short_form(ranges)
+    static = len(ranges) == 1
+    speculative: dict[str, object] = (
+        {"method": "off"}
+        if static and ranges[0][2] == 0
+        else {
+            "numSpeculativeTokens": max(k for _, _, k in ranges),
+            "schedule": "" if static else text,
+        }
+    )
+    recommended = gain >= MIN_GAIN
+    return Recommendation(
+        available=True,
+        recommended=recommended,
+        reason=(
+            f"predicted {gain:+.1%} over {short_form(running)} at the batch sizes the {window} "
+            f"window ran" + ("" if recommended else f": below the {MIN_GAIN:.0%} a change needs")
+        ),
+        running=short_form(running),
+        schedule=text,
+        chart_values={"speculative": speculative},
+        predicted_gain=gain,
+        predicted_tokens_per_s={"running": theirs, "recommended": ours},
+        evidence=evidence,
+    )

@@ -1,0 +1,235 @@
+"""The sidecar's schedule recommendation: its refusals at each boundary, the gain threshold, the
+chart values it hands out, and that it moves when the live traffic changes (acceptance, running
+batch), read through the monitor from vLLM expositions, served at GET /recommendation and
+exported as dflash_schedule_* series."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from dflash_sidecar import recommendation as rec
+from dflash_sidecar.engine_monitor import EngineMonitor
+from dflash_sidecar.recommendation import RunningBatchSamples, recommend
+from dflash_sidecar.step_cost import StepCostModel
+
+from tests.service.test_app import fast_settings
+
+# Verifying a draft token costs what decoding a request does: at a large batch drafting loses.
+MODEL = StepCostModel(
+    base_s=0.020, per_request_s=0.0005, per_draft_token_s=0.0005, drafting_s=0.006,
+    fit_error_rms=0.02, fit_error_max=0.05, points=12, max_batch=64,
+)  # fmt: skip
+GOOD = [0.9, 0.8, 0.7, 0.6]
+BATCH_1 = {1: 40}
+
+
+def advise(**overrides: object) -> rec.Recommendation:
+    args: dict[str, object] = {
+        "step_cost": MODEL, "per_position": GOOD, "drafts": 1000.0, "largest_k": 4,
+        "batch_samples": BATCH_1, "window": "15m",
+    }  # fmt: skip
+    args.update(overrides)
+    return recommend(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"step_cost": None}, "no step-cost model: give the sidecar bench sweep's baseline"),
+        ({"largest_k": 0}, "speculation is off"),
+        ({"drafts": rec.MIN_DRAFTS - 1}, "199 drafts in the 15m window; waiting for 200"),
+        ({"per_position": [0.9]}, "known up to position 1 of 4: a schedule lowered k"),
+        ({"batch_samples": {1: rec.MIN_BATCH_SAMPLES - 1}}, "29 scrapes with requests running"),
+    ],
+)
+def test_no_recommendation_says_why(overrides: dict[str, object], says: str) -> None:
+    advice = advise(**overrides)
+    assert not advice.available and not advice.recommended and says in advice.reason
+    assert advice.schedule is None and advice.predicted_gain is None
+    assert advice.evidence.window == "15m"
+
+
+def test_what_already_runs_is_not_recommended_again() -> None:
+    # Good acceptance at batch 1: k 4 everywhere it ran, which is what runs.
+    advice = advise()
+    assert advice.available and advice.predicted_gain == pytest.approx(0.0)
+    assert not advice.recommended and "below the 5% a change needs" in advice.reason
+    assert advice.running == "1-:4"
+
+
+def test_poor_acceptance_recommends_off_with_its_chart_values() -> None:
+    advice = advise(per_position=[0.05, 0.0, 0.0, 0.0], batch_samples={8: 50})
+    assert advice.schedule == "1-:0" and advice.recommended
+    assert advice.chart_values == {"speculative": {"method": "off"}}
+    assert advice.predicted_gain is not None and advice.predicted_gain > rec.MIN_GAIN
+    assert advice.predicted_tokens_per_s is not None
+    assert advice.predicted_tokens_per_s["recommended"] > advice.predicted_tokens_per_s["running"]
+
+
+def test_the_gain_threshold_is_inclusive(monkeypatch: pytest.MonkeyPatch) -> None:
+    advice = advise(per_position=[0.05, 0.0, 0.0, 0.0], batch_samples={8: 50})
+    assert advice.predicted_gain is not None
+    monkeypatch.setattr(rec, "MIN_GAIN", advice.predicted_gain)
+    assert advise(per_position=[0.05, 0.0, 0.0, 0.0], batch_samples={8: 50}).recommended
+    monkeypatch.setattr(rec, "MIN_GAIN", advice.predicted_gain * (1 + 1e-9))
+    assert not advise(per_position=[0.05, 0.0, 0.0, 0.0], batch_samples={8: 50}).recommended
+
+
+def test_a_schedule_is_handed_out_as_chart_values() -> None:
+    # Large batches make the verification tokens dear: k falls as the batch grows.
+    advice = advise(batch_samples={1: 20, 200: 20})
+    assert advice.schedule is not None and "," in advice.schedule
+    speculative = advice.chart_values["speculative"]  # type: ignore[index]
+    assert speculative["schedule"] == advice.schedule
+    assert speculative["numSpeculativeTokens"] == 4
+
+
+def test_running_batches_are_kept_for_the_longest_window() -> None:
+    batches = RunningBatchSamples(keep_seconds=100)
+    for t, running in ((0, 3), (10, 0), (50, 3.4), (120, 8)):
+        batches.add(t, running)
+    assert batches.share(120, 100) == {3: 1, 8: 1}  # t=0 aged out, idle left out
+    assert batches.share(120, 10) == {8: 1}
+
+
+class Counters:
+    """vLLM's cumulative counters, advanced by the traffic of each second."""
+
+    def __init__(self) -> None:
+        self.drafts = 0.0
+        self.accepted = [0.0] * 4
+
+    def advance(self, drafts: float, per_position: list[float]) -> None:
+        self.drafts += drafts
+        self.accepted = [a + drafts * p for a, p in zip(self.accepted, per_position, strict=True)]
+
+    def exposition(self, running: int) -> str:
+        labels = 'engine="0",model_name="m"'
+        accepted = sum(self.accepted)
+        lines = [
+            f"vllm:num_requests_running{{{labels}}} {running}",
+            f"vllm:num_requests_waiting{{{labels}}} 0",
+            f"vllm:generation_tokens_total{{{labels}}} {self.drafts + accepted}",
+            f"vllm:spec_decode_num_drafts_total{{{labels}}} {self.drafts}",
+            f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {self.drafts * 4}",
+            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}",
+            *(
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {a}'
+                for i, a in enumerate(self.accepted)
+            ),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def traffic(
+    monitor: EngineMonitor,
+    counters: Counters,
+    start: float,
+    seconds: int,
+    running: int,
+    per_position: list[float],
+    every: int = 1,
+) -> float:
+    """`seconds` of scrapes, one `every` seconds, at this running batch and acceptance (20
+    drafts a second)."""
+    for t in range(0, seconds + 1, every):
+        counters.advance(20.0 * every, per_position)
+        monitor.ingest(counters.exposition(running), start + t)
+    return start + seconds
+
+
+def test_the_recommendation_moves_with_the_traffic(tmp_path: Path) -> None:
+    """Through the monitor (GET /recommendation's source), windows of 60 s: good acceptance at
+    batch 1 keeps k 4; the draft going bad turns speculation off once the window holds the new
+    traffic; a large running batch gives a schedule that drafts less as the batch grows."""
+    baseline = {
+        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
+        "per_position_acceptance": GOOD, "sampling": "temperature 1", "workload": "w",
+        "step_cost": MODEL.model_dump(),
+    }  # fmt: skip
+    path = tmp_path / "baseline.yaml"
+    path.write_text(yaml.safe_dump(baseline))
+    settings = fast_settings(baseline_file=str(path), speculative_tokens=4, windows={"1m": 60.0})
+    monitor = EngineMonitor(settings)
+    counters = Counters()
+    now = traffic(monitor, counters, 1000, 60, 1, GOOD)
+    first = monitor.recommendation(now)
+    assert first.available and first.schedule == "1-:4" and not first.recommended
+    assert first.evidence.step_cost == MODEL and first.evidence.measured_on == "temperature 1; w"
+    now = traffic(monitor, counters, now + 1, 30, 1, [0.02, 0.0, 0.0, 0.0])
+    # Half the window is the new traffic: the window still reads the old acceptance mostly.
+    halfway = monitor.recommendation(now)
+    now = traffic(monitor, counters, now + 1, 60, 1, [0.02, 0.0, 0.0, 0.0])
+    moved = monitor.recommendation(now)
+    assert moved.schedule == "1-:0" and moved.recommended, moved.reason
+    # Halfway the window reads a mix of both (it needs a full window to follow the traffic).
+    assert 0.1 < halfway.evidence.per_position_acceptance[0] < 0.8
+    now = traffic(monitor, counters, now + 1, 61, 200, GOOD)
+    busy = monitor.recommendation(now)
+    assert busy.schedule is not None and busy.schedule.startswith("1-31:4,") and busy.recommended
+    assert busy.schedule.endswith("-:1")  # k 1 at batch 200: verification is dear there
+    assert set(busy.evidence.batch_samples) == {200}
+
+
+def test_served_and_exported(
+    before_text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /recommendation answers with the reason; /metrics says whether one is available and,
+    when it is, the gain and the k per range, in valid exposition."""
+    import time
+
+    from dflash_sidecar.app import create_app
+    from dflash_sidecar.metrics import build_registry
+    from fastapi.testclient import TestClient
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.service.fake_engine import FakeEngine
+    from tests.service.test_app import wait_for
+
+    engine = FakeEngine(before_text)
+    settings = fast_settings()
+    monitor = EngineMonitor(settings, client=engine.client())
+    with TestClient(create_app(settings, monitor)) as client:
+        wait_for(lambda: client.get("/readyz").status_code == 200)
+        answer = client.get("/recommendation").json()
+        assert answer["available"] is False and "no step-cost model" in answer["reason"]
+        body = client.get("/metrics").text
+    assert "dflash_schedule_recommendation_available 0.0" in body
+    assert "dflash_schedule_predicted_gain" not in body
+    list(text_string_to_metric_families(body))
+    # Available: a monitor fed the traffic above.
+    baseline = {
+        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
+        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
+    }  # fmt: skip
+    path = tmp_path / "baseline.yaml"
+    path.write_text(yaml.safe_dump(baseline))
+    fed = EngineMonitor(
+        fast_settings(
+            baseline_file=str(path),
+            speculative_tokens=4,
+            windows={"1m": 60.0},
+            scrape_interval=10.0,  # as the traffic below scrapes
+            scrape_timeout=5.0,
+        )
+    )
+    # Scrapes up to a second ago: the collector judges at the real clock.
+    monkeypatch.setattr(rec, "MIN_BATCH_SAMPLES", 5)
+    traffic(fed, Counters(), time.monotonic() - 60, 60, 200, GOOD, every=10)
+    text = generate_latest(build_registry(fed)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["dflash_schedule_recommendation_available"].samples[0].value == 1.0, (
+        fed.recommendation().reason
+    )
+    gain = families["dflash_schedule_predicted_gain"].samples[0].value
+    assert gain == pytest.approx(fed.recommendation().predicted_gain, rel=0.01) and gain > 0.05
+    ks = {
+        (x.labels["first"], x.labels["last"]): x.value
+        for x in families["dflash_schedule_recommended_k"].samples
+    }
+    assert ks[("1", "31")] == 4.0 and ks[("139", "65536")] == 1.0
+    tokens = families["dflash_schedule_predicted_tokens_per_second"].samples
+    assert {x.labels["schedule"] for x in tokens} == {"running", "recommended"}
