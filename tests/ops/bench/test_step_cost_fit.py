@@ -130,3 +130,59 @@ def test_the_sweeps_baseline_carries_the_step_cost_to_the_chart_and_the_sidecar(
     data = docs[("ConfigMap", "dflash-dflash-serve-sidecar-baseline")]["data"]["baseline.yaml"]
     (tmp_path / "baseline.yaml").write_text(data)
     assert load_baseline(tmp_path / "baseline.yaml", "m", 2) == baseline
+
+
+def write_sweep(directory: Path, taus: dict[int, float], noise: float = 0.0) -> None:
+    """A finished sweep directory of static settings at concurrency 1 and 8, measured from TRUE."""
+    from dflash_ops.bench.core.runner import Level
+    from dflash_ops.bench.sweep.run import SweepPlan, SweepState, point_dir
+
+    from tests.ops.bench.test_sweep import SETTINGS
+
+    plan = SweepPlan(
+        settings=[Setting(k, "dflash") for k in taus],
+        levels=[Level(concurrency=1), Level(concurrency=8)],
+        bench=SETTINGS,
+        deployer="local",
+        schedule="off",
+    )
+    for setting in plan.settings:
+        levels = []
+        for concurrency in (1, 8):
+            b = concurrency * 0.9
+            tps = measured(b, setting.k, taus[setting.k]).tokens_per_s * (1 + noise)
+            per_pos = [(taus[setting.k] - 1) / setting.k] * setting.k if setting.k else []
+            lv = level(concurrency, tps, 1, 30, per_pos)
+            lv.running_batch = RunningBatch(mean=b, p50=b, p90=b, max=b, samples=5)
+            levels.append(lv)
+        out = point_dir(directory, setting)
+        out.mkdir(parents=True)
+        (out / "results.json").write_text(result(*levels).model_dump_json())
+    (directory / "sweep.json").write_text(SweepState(plan=plan).model_dump_json())
+
+
+def test_bench_step_cost_fits_one_sweep_and_predicts_another(tmp_path: Path) -> None:
+    """Fitted on greedy-like acceptance, the model predicts a sweep of other acceptance (and 3%
+    faster measurements) from that sweep's own acceptance: every error is that 3%."""
+    import subprocess
+    import sys
+
+    write_sweep(tmp_path / "greedy", {0: 1.0, 2: 2.4, 4: 3.1})
+    write_sweep(tmp_path / "sampled", {0: 1.0, 2: 1.9, 4: 2.3}, noise=0.03)
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.cli", "bench", "step-cost", str(tmp_path / "greedy"),
+         "--against", str(tmp_path / "sampled")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "(6 measurements)" in out and "throughput fit error 0.0% rms" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 6 and all(row.endswith("| -2.9% |") for row in rows), rows
+    assert "largest error 2.9%" in out
+    missing = subprocess.run(
+        [sys.executable, "-m", "dflash_ops.cli", "bench", "step-cost", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "not a finished sweep" in missing.stderr
+    assert "Traceback" not in missing.stderr

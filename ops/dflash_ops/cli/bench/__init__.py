@@ -15,6 +15,7 @@ from dflash_ops.cli.bench import (
     run,
     search,
     sidecar_cost,
+    step_cost,
     sweep,
 )
 
@@ -23,6 +24,7 @@ SUBCOMMANDS = (
     compare.register,
     job.register,
     sweep.register,
+    step_cost.register,
     router_policies.register,
     sidecar_cost.register,
     client_ceiling.register,
