@@ -434,6 +434,7 @@ class EngineMonitor:
             self.batches.share(now, seconds),
             name,
             f"{baseline.sampling}; {baseline.workload}" if baseline else "",
+            self.settings.running_schedule(),
         )
 
     def stats(self, now: float | None = None) -> StatsResponse:

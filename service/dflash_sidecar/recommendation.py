@@ -75,8 +75,10 @@ def recommend(
     batch_samples: dict[int, int],
     window: str,
     measured_on: str = "",
+    running_schedule: Schedule | None = None,
 ) -> Recommendation:
-    running: Schedule = ((1, OPEN_END, largest_k),)
+    """`running_schedule`: the engine's k schedule, if it runs one (else its largest k)."""
+    running: Schedule = running_schedule or ((1, OPEN_END, largest_k),)
     evidence = Evidence(
         window=window,
         drafts=drafts,

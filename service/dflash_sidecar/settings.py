@@ -12,6 +12,8 @@ never a flag (a flag shows in the process list).
 from __future__ import annotations
 
 import difflib
+import itertools
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
 from dflash_sidecar.baseline import Baseline, load_baseline, thresholds_from
+from dflash_sidecar.schedule_form import Schedule
 from dflash_sidecar.verdict import VerdictThresholds
 
 DEFAULT_WINDOWS = {"1m": 60.0, "5m": 300.0, "15m": 900.0}
@@ -146,6 +149,11 @@ class SidecarSettings(BaseModel):
         description="the engine's k (num_speculative_tokens): figures implying more draft "
         "tokens per draft are withheld",
     )
+    speculative_schedule: str | None = Field(
+        default=None,
+        description="the engine's k schedule as vLLM's JSON list ([[1, 4, 7], [5, 65536, 3]]; "
+        "the chart passes speculative.schedule): what the schedule recommendation compares with",
+    )
     events_timeout: float = Field(
         default=5.0,
         gt=0,
@@ -197,6 +205,8 @@ class SidecarSettings(BaseModel):
                 f"every window must span at least two scrape intervals "
                 f"(2 x {self.scrape_interval:g}s); the shortest is {min(self.windows.values()):g}s"
             )
+        if self.speculative_schedule is not None:
+            self.running_schedule()  # refused here, at start, when it is not one
         if self.kubernetes_events and not (self.pod_name and self.pod_namespace):
             raise ValueError(
                 "kubernetes_events needs pod_name and pod_namespace "
@@ -205,6 +215,33 @@ class SidecarSettings(BaseModel):
         if self.baseline_file is not None:
             return self._with_baseline(self.baseline_file)
         return self
+
+    def running_schedule(self) -> Schedule | None:
+        """speculative_schedule read: ranges of whole numbers from batch size 1, ascending, each
+        k at most speculative_tokens."""
+        if self.speculative_schedule is None:
+            return None
+        text = self.speculative_schedule
+        try:
+            ranges = tuple(tuple(int(v) for v in r) for r in json.loads(text))
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"speculative_schedule {text!r} is not vLLM's JSON list of [first, last, k] ({err})"
+            ) from None
+        largest = self.speculative_tokens
+        if (
+            not ranges
+            or any(len(r) != 3 for r in ranges)
+            or ranges[0][0] != 1
+            or any(a[1] >= b[0] for a, b in itertools.pairwise(ranges))
+            or any(r[2] < 0 or (largest is not None and r[2] > largest) for r in ranges)
+        ):
+            raise ValueError(
+                f"speculative_schedule {text!r}: give ascending [first, last, k] ranges from "
+                f"batch size 1 with k 0..speculative_tokens ({largest}), e.g. [[1, 4, 7], "
+                "[5, 65536, 3]]"
+            )
+        return ranges  # type: ignore[return-value]
 
     def _with_baseline(self, path: str) -> SidecarSettings:
         """These settings with the thresholds the baseline in `path` gives."""

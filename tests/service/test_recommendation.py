@@ -233,3 +233,70 @@ def test_served_and_exported(
     assert ks[("1", "31")] == 4.0 and ks[("139", "65536")] == 1.0
     tokens = families["dflash_schedule_predicted_tokens_per_second"].samples
     assert {x.labels["schedule"] for x in tokens} == {"running", "recommended"}
+
+
+def test_the_gain_is_over_the_schedule_that_runs() -> None:
+    """Against a running schedule that already stops drafting at large batches, the advice
+    for a busy engine gains less than against the static largest k."""
+    busy = {200: 40}
+    static = advise(batch_samples=busy)
+    scheduled = advise(batch_samples=busy, running_schedule=((1, 31, 4), (32, 65536, 1)))
+    assert scheduled.running == "1-31:4,32-:1" and static.running == "1-:4"
+    assert static.predicted_gain is not None and scheduled.predicted_gain is not None
+    assert scheduled.predicted_gain < static.predicted_gain
+    assert scheduled.schedule == static.schedule
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[[1, 4, 7], [5, 65536, 3]]", None),
+        ("1-4:7", "is not vLLM's JSON list"),
+        ("[[2, 4, 3]]", "from batch size 1"),
+        ("[[1, 4, 3], [4, 8, 1]]", "ascending"),
+        ("[[1, 4, 9]]", "k 0..speculative_tokens (7)"),
+        ("[[1, 4]]", "[first, last, k]"),
+    ],
+)
+def test_the_running_schedule_setting_is_read_or_refused_in_one_line(
+    text: str, says: str | None
+) -> None:
+    from pydantic import ValidationError
+
+    if says is None:
+        settings = fast_settings(speculative_tokens=7, speculative_schedule=text)
+        assert settings.running_schedule() == ((1, 4, 7), (5, 65536, 3))
+        return
+    with pytest.raises(ValidationError) as refused:
+        fast_settings(speculative_tokens=7, speculative_schedule=text)
+    message = str(refused.value.errors()[0]["msg"])
+    assert says in message and "\n" not in message, message
+
+
+def test_the_chart_and_the_local_stack_hand_the_schedule_to_the_sidecar(tmp_path: Path) -> None:
+    from dflash_ops.chart.helm import helm_template
+    from dflash_ops.local import stack
+
+    def sidecar_env(*sets: str) -> dict[str, str]:
+        docs = [d for d in yaml.safe_load_all(helm_template([], list(sets), "t", "llm")) if d]
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        (sidecar,) = [
+            c for c in deployment["spec"]["template"]["spec"]["containers"]
+            if c["name"] == "sidecar"
+        ]  # fmt: skip
+        return {e["name"]: e.get("value") for e in sidecar["env"]}
+
+    env = sidecar_env("speculative.schedule=1-4:7;5-:3")
+    assert env["DFLASH_SIDECAR_SPECULATIVE_SCHEDULE"] == "[[1,4,7],[5,65536,3]]"
+    assert "DFLASH_SIDECAR_SPECULATIVE_SCHEDULE" not in sidecar_env()
+    # The sidecar reads what the chart renders.
+    assert fast_settings(
+        speculative_tokens=7, speculative_schedule=env["DFLASH_SIDECAR_SPECULATIVE_SCHEDULE"]
+    ).running_schedule() == ((1, 4, 7), (5, 65536, 3))
+    config = stack.StackConfig.model_validate(
+        {"state_dir": tmp_path, "prometheus": False, "num_speculative_tokens": 4,
+         "schedule": "1-2:4,3-:1"}
+    )  # fmt: skip
+    sidecar = next(c for c in stack._components(config) if c.name.startswith("sidecar"))
+    argv = sidecar.argv
+    assert argv[argv.index("--speculative-schedule") + 1] == "[[1, 2, 4], [3, 65536, 1]]"

@@ -223,6 +223,11 @@ sidecar.nameInCamelCase, the limits it refuses checked at render from files/side
     - name: DFLASH_SIDECAR_SPECULATIVE_TOKENS
       value: {{ include "dflash-serve.k" . | quote }}
     {{- end }}
+    {{- with include "dflash-serve.speculativeSchedule" . }}
+    # The k schedule in force: the schedule recommendation compares with it.
+    - name: DFLASH_SIDECAR_SPECULATIVE_SCHEDULE
+      value: {{ . | quote }}
+    {{- end }}
     - name: DFLASH_SIDECAR_MIN_DRAFTS
       value: {{ .Values.sidecar.thresholds.minDrafts | quote }}
     {{- if .Values.sidecar.baseline }}

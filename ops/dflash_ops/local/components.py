@@ -3,6 +3,7 @@ engines, sidecars, the router, the doors and Prometheus with its configuration a
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Callable
@@ -132,6 +133,12 @@ def _components(config: StackConfig) -> list[Component]:
                 *(
                     ["--baseline-file", str(baseline_path(config).resolve())]
                     if config.baseline is not None
+                    else []
+                ),
+                # The schedule in force, which the schedule recommendation compares with.
+                *(
+                    ["--speculative-schedule", json.dumps([list(r) for r in config.schedule])]
+                    if config.schedule is not None
                     else []
                 ),
             ],
