@@ -27,7 +27,7 @@ def register(actions: Any) -> None:
 
 
 def run_step_cost(args: argparse.Namespace) -> int:
-    from dflash_ops.bench.sweep.step_cost_fit import report
+    from dflash_ops.bench.sweep.step_cost_report import report
 
     sys.stdout.write(report(args.sweep, args.against))
     return 0
