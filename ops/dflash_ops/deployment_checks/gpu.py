@@ -28,7 +28,10 @@ Engines run one after another (two TP2 engines do not fit on one 2-GPU machine):
 9. the MTP-3 baseline on the same prompts: the seed's comparison (DFlash2 4.08 / 224.9 tok/s
    against MTP-3 2.98 / 180.1 at concurrency 1);
 10. DFlash2 with a k schedule (SCHEDULE: k 7 for 1 to 2 running requests, 3 above): the k in
-   effect (drafted tokens per draft) at concurrency 1 and 8 follows it.
+   effect (drafted tokens per draft) at concurrency 1 and 8 follows it;
+11. the schedule at its threshold (concurrency 2 and 3) with 2048-token prompts whose prefills
+   join the decodes (vLLM counts them in the batch it looks k up by; vLLM issue 49548), against
+   static k 7 on the same requests: at least 0.9x at both.
 
 Each numbered item is a named step of gpu_steps.py, run against the engine it names.
 `--dry-run` prints the plan, every engine's command line and its steps, without a GPU. Exit

@@ -285,6 +285,38 @@ def schedule_followed(run: Run, engine: Engine) -> None:
     )
 
 
+# Around the schedule's threshold (k 7 up to 2 running requests, 3 from 3), with long prompts
+# whose prefills join the running decodes: vLLM 0.33.0 looks the k up by the number of scheduled
+# requests, prefills included, so a prefill can switch k for a step (vLLM issue 49548 reports
+# throughput collapsing at a schedule's threshold on GPUs).
+THRESHOLD_BENCH = ("--concurrency", "2,3", "--prompts", "random", "--input-len", "2048")
+THRESHOLD_MIN_RATIO = 0.9
+
+
+def threshold_static(run: Run, engine: Engine) -> None:
+    """Static k 7 at concurrency 2 and 3 with prefills joining the decodes: the reference for
+    the schedule at its threshold."""
+    run.results["threshold-static"] = bench(engine, run.args, "threshold-static", *THRESHOLD_BENCH)
+
+
+def schedule_at_threshold(run: Run, engine: Engine) -> None:
+    """The schedule at concurrency 2 and 3 (its threshold) with prefills joining, against static
+    k 7 on the same requests: no collapse at the switch."""
+    scheduled = bench(engine, run.args, "threshold-schedule", *THRESHOLD_BENCH)["levels"]
+    static = run.results["threshold-static"]["levels"]
+    ratios = [
+        s["output_tokens_per_s"]["mean"] / max(r["output_tokens_per_s"]["mean"], 1e-9)
+        for s, r in zip(scheduled, static, strict=True)
+    ]
+    run.report.add(
+        f"k schedule {SCHEDULE} at its threshold with prefills joining, vs static k 7 "
+        "(concurrency 2 / 3)",
+        " / ".join(f"{r:.2f}x" for r in ratios),
+        f">= {THRESHOLD_MIN_RATIO:g}x at both",
+        all(r >= THRESHOLD_MIN_RATIO for r in ratios),
+    )
+
+
 @dataclass(frozen=True)
 class EngineSteps:
     """An engine the check starts (its speculative setting) and the steps it runs: `during`
@@ -301,7 +333,7 @@ ENGINES = (
     EngineSteps(
         "dflash2", SpeculativeSetting(7, "dflash"),
         (block_size_and_aux_layers, acceptance, parsers, prefix_cache, capture_overhead,
-         outputs_with_speculation),
+         outputs_with_speculation, threshold_static),
     ),
     EngineSteps(
         "no speculation", SpeculativeSetting(0, "off"), (outputs_without_speculation,), (lossless,)
@@ -309,7 +341,7 @@ ENGINES = (
     EngineSteps("mtp3", SpeculativeSetting(3, "mtp"), (against_mtp,)),
     EngineSteps(
         "dflash2-schedule", SpeculativeSetting(7, "dflash", parse_schedule(SCHEDULE, 7)),
-        (schedule_followed,),
+        (schedule_followed, schedule_at_threshold),
     ),
 )  # fmt: skip
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 STEPS = REPO_ROOT / "ops" / "dflash_ops" / "deployment_checks" / "gpu_steps.py"
@@ -119,6 +121,7 @@ def test_the_dry_run_names_every_step_and_every_check_lives_in_one(tmp_path: Pat
     assert reporting - {"run_steps"} == set(shown) - {
         "outputs_with_speculation",
         "outputs_without_speculation",
+        "threshold_static",
     }
 
 
@@ -138,6 +141,7 @@ def test_sync_check_every_gpu_claim_has_a_check() -> None:
         "sampled lossless, temperature",
         "DFlash2 vs MTP-3 at c=1",
         "k schedule {SCHEDULE}: k in effect",
+        "k schedule {SCHEDULE} at its threshold with prefills joining",
     ):
         assert f'"{claim}' in source, claim
 
@@ -186,3 +190,24 @@ def test_reference_table_runs_the_sweep_with_one_engine_per_setting(tmp_path: Pa
     for point in points:
         sampling = json.loads(point.read_text())["settings"]["sampling"]
         assert (sampling["temperature"], sampling["ignore_eos"]) == (0.0, True)
+
+
+def test_the_schedule_at_its_threshold_passes_at_the_ratio_and_fails_below(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """schedule_at_threshold against static k 7 on the same requests: 0.90x at both levels
+    passes, 0.89x at one fails, and the row shows both ratios."""
+    import argparse
+
+    from dflash_ops.deployment_checks import gpu_steps
+
+    def levels(*tps: float) -> dict[str, object]:
+        return {"levels": [{"output_tokens_per_s": {"mean": t}} for t in tps]}
+
+    for scheduled, ok in (((90.0, 180.0), True), ((90.0, 178.0), False)):
+        run = gpu_steps.Run(argparse.Namespace(), block=1680)
+        run.results["threshold-static"] = levels(100.0, 200.0)
+        monkeypatch.setattr(gpu_steps, "bench", lambda *a, s=scheduled: levels(*s))
+        gpu_steps.schedule_at_threshold(run, engine=None)  # type: ignore[arg-type]
+        (row,) = run.report.rows
+        assert row.ok is ok and row.measured == f"0.90x / {scheduled[1] / 200:.2f}x", row
