@@ -113,7 +113,10 @@ class EngineMonitor:
         self._canary: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._figures: Figures | None = None
-        self.batches = RunningBatchSamples(max(settings.windows.values()))
+        self._longest_window = max(settings.windows.items(), key=lambda item: item[1])
+        self.batches = RunningBatchSamples(self._longest_window[1])
+        self._running_schedule = settings.running_schedule()
+        self._recommendation: Recommendation | None = None
 
     # -- one cycle ---------------------------------------------------------------------------
     async def run_once(self, now: float | None = None) -> None:
@@ -155,6 +158,7 @@ class EngineMonitor:
         self.scrapes.durations.append(time.perf_counter() - started)
         del self.scrapes.durations[:-256]
         self._figures = self._compute_figures(now)
+        self._recommendation = self._recommend(now, self._figures.windows[self._longest_window[0]])
         self._update_verdict()
 
     def ingest(self, text: str, now: float) -> None:
@@ -421,10 +425,19 @@ class EngineMonitor:
         return self._figures
 
     def recommendation(self, now: float | None = None) -> Recommendation:
-        """The schedule the traffic of the longest window asks for (recommendation.py)."""
+        """The schedule the traffic of the longest window asks for (recommendation.py), as the
+        last scrape computed it; with `now`, computed for that time (what ingest, which computes
+        no figures, is read with)."""
+        if now is None and self._recommendation is not None:
+            return self._recommendation
         now = time.monotonic() if now is None else now
-        name, seconds = max(self.settings.windows.items(), key=lambda item: item[1])
-        stats = self._window_stats(self._total_delta(seconds, now), seconds, "")
+        seconds = self._longest_window[1]
+        return self._recommend(
+            now, self._window_stats(self._total_delta(seconds, now), seconds, "")
+        )
+
+    def _recommend(self, now: float, stats: WindowStats) -> Recommendation:
+        name, seconds = self._longest_window
         baseline = self.settings.baseline
         return recommend(
             baseline.step_cost if baseline else None,
@@ -434,7 +447,7 @@ class EngineMonitor:
             self.batches.share(now, seconds),
             name,
             f"{baseline.sampling}; {baseline.workload}" if baseline else "",
-            self.settings.running_schedule(),
+            self._running_schedule,
         )
 
     def stats(self, now: float | None = None) -> StatsResponse:

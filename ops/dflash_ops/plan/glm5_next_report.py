@@ -23,7 +23,7 @@ from dflash_ops.plan.glm5_next import (
 from dflash_ops.plan.glm5_next_capacity import default_glm_dflash2_profile
 from dflash_ops.plan.kv_capacity import KvCapacity
 from dflash_ops.plan.model import BlockSizeInputs, KvCacheDtype
-from dflash_ops.plan.output import columns, engine_values, render_capacity
+from dflash_ops.plan.output import columns, engine_values, one_plan, render_capacity
 from dflash_ops.plan.planner import (
     DEFAULT_PREFIX_MATCH_UNIT,
     CapacityAssumptions,
@@ -187,12 +187,7 @@ def render_table(plan: Glm5NextPlan) -> str:
 def render_helm_values(plan: Glm5NextPlan) -> str:
     """Chart values for the planned deployment (model.profile glm-5.3-flash), to merge with
     yours, which name the checkpoint (model.name, model.servedName)."""
-    if len(plan.plans) != 1:
-        raise UserError(
-            f"--format helm-values describes one deployment: pass one --k (got "
-            f"{len(plan.plans)}: {', '.join(str(p.k) for p in plan.plans)})"
-        )
-    (only,) = plan.plans
+    only = one_plan(plan.plans)
     speculative = SpeculativeSetting(only.k, plan.method, None).chart_values(plan.draft_model)
     values = {
         "model": {"profile": "glm-5.3-flash"},

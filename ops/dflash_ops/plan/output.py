@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import yaml
 
@@ -25,12 +25,7 @@ def render_helm_values(plan: DeploymentPlan) -> str:
     """Chart values for the planned deployment, for `helm install -f` or `dflash-serve render
     -f`: the GPU, TP, KV dtype, block size, prefix-match unit and speculative settings. A
     values file describes one deployment, so it needs one k."""
-    if len(plan.plans) != 1:
-        raise UserError(
-            f"--format helm-values describes one deployment: pass one --k (got "
-            f"{len(plan.plans)}: {', '.join(str(p.k) for p in plan.plans)})"
-        )
-    (only,) = plan.plans
+    only = one_plan(plan.plans)
     schedule = None if plan.schedule is None else tuple(plan.schedule)
     setting = SpeculativeSetting(only.k, plan.method, schedule)
     speculative = setting.chart_values(plan.draft_model)
@@ -46,6 +41,16 @@ def render_helm_values(plan: DeploymentPlan) -> str:
         "# helm install RELEASE charts/dflash-serve -f THIS_FILE (or dflash-serve render -f)\n"
     )
     return header + yaml.safe_dump(values, sort_keys=False)
+
+
+def one_plan(plans: Sequence[Planned]) -> Planned:
+    """The plan of the one k a values file describes; one line when several were asked."""
+    if len(plans) != 1:
+        raise UserError(
+            f"--format helm-values describes one deployment: pass one --k (got "
+            f"{len(plans)}: {', '.join(str(p.k) for p in plans)})"
+        )
+    return plans[0]
 
 
 def engine_values(tp: int, kv_cache_dtype: str, block: int, unit: int | None) -> dict[str, object]:
@@ -128,6 +133,9 @@ def _length(tokens: int) -> str:
 class _HasK(Protocol):
     @property
     def k(self) -> int: ...
+
+
+Planned = TypeVar("Planned", bound=_HasK)
 
 
 class CapacityPlan(Protocol):

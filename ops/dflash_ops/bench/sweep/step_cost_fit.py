@@ -72,7 +72,10 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None
 
 def _least_squares(points: Sequence[StepPoint], used: Sequence[int]) -> list[float] | None:
     """Weighted (1 / T) least squares over the features in `used`; the others are 0."""
-    rows = [[p.features()[i] / p.step_seconds for i in used] for p in points]
+    rows = []
+    for p in points:
+        features, seconds = p.features(), p.step_seconds
+        rows.append([features[i] / seconds for i in used])
     target = [1.0] * len(points)  # T / T
     normal = [[sum(r[i] * r[j] for r in rows) for j in range(len(used))] for i in range(len(used))]
     right = [sum(r[i] * t for r, t in zip(rows, target, strict=True)) for i in range(len(used))]

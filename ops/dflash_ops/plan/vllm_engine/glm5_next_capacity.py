@@ -26,6 +26,7 @@ from dflash_ops.plan.vllm_engine.kv_capacity import (
     _capacity_api,
     capacity_of_groups,
     draft_spec,
+    resolved_groups,
     run_with,
 )
 from dflash_ops.plan.vllm_engine.runtime import kv_torch_dtype
@@ -173,15 +174,9 @@ def kv_cache_groups(
 ) -> tuple[Any, dict[str, Any], list[Any]]:
     """The engine's VllmConfig, every layer's KV spec and vLLM's KV-cache groups for them, after
     the engine core's layout resolution."""
-    api = _capacity_api()
     vllm_config, backends = capacity_config(ckpt, plan, inputs)
     specs = layer_specs(vllm_config, backends, ckpt, plan, draft)
-    every = [*backends, api.FlashAttentionBackend]
-    layouts = [layout.name for layout in api.get_supported_kv_cache_layouts(every)]
-    with api.set_current_vllm_config(vllm_config):
-        api.resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
-        groups = api.get_global_kv_cache_groups(vllm_config, [specs])
-    return vllm_config, specs, groups
+    return vllm_config, specs, resolved_groups(vllm_config, specs, backends)
 
 
 def kv_capacity(

@@ -266,16 +266,20 @@ def kv_cache_groups(
     """The engine's VllmConfig, every layer's KV spec and vLLM's KV-cache groups for them, after
     the engine core's layout resolution (also what the prefix-cache tests drive vLLM's
     KVCacheManager with)."""
-    v = vllm_modules()
-    api = _capacity_api()
     vllm_config = _capacity_config(plan, ckpt, inputs)
     specs = _layer_specs(vllm_config, ckpt, plan, method, draft)
-    backends = [*v["backends"], api.FlashAttentionBackend]
-    layouts = [layout.name for layout in api.get_supported_kv_cache_layouts(backends)]
+    return vllm_config, specs, resolved_groups(vllm_config, specs, vllm_modules()["backends"])
+
+
+def resolved_groups(vllm_config: Any, specs: dict[str, Any], backends: list[Any]) -> list[Any]:
+    """The engine core's KV-cache layout resolution over the model's attention backends and the
+    draft's (FlashAttention), then vLLM's grouping of these layer specs."""
+    api = _capacity_api()
+    every = [*backends, api.FlashAttentionBackend]
+    layouts = [layout.name for layout in api.get_supported_kv_cache_layouts(every)]
     with api.set_current_vllm_config(vllm_config):
         api.resolve_kv_cache_layout(vllm_config, [layouts], list(specs.values()))
-        groups = api.get_global_kv_cache_groups(vllm_config, [specs])
-    return vllm_config, specs, groups
+        return list(api.get_global_kv_cache_groups(vllm_config, [specs]))
 
 
 def kv_capacity(
