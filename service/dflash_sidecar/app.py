@@ -80,8 +80,15 @@ def create_app(settings: SidecarSettings, monitor: EngineMonitor | None = None) 
         return monitor.stats()
 
     @app.get("/recommendation", response_model=Recommendation)
-    async def recommendation() -> Recommendation:
-        return monitor.recommendation()
+    async def recommendation(window: str | None = None) -> JSONResponse:
+        """?window=NAME: over one of --windows instead of the longest."""
+        if window is not None and window not in settings.windows:
+            known = ", ".join(settings.windows)
+            return JSONResponse(
+                {"detail": f"window={window!r} is not one of the sidecar's windows: use {known}"},
+                status_code=400,
+            )
+        return JSONResponse(monitor.recommendation(window=window).model_dump(mode="json"))
 
     app.state.metrics_page = (None, b"")  # (the scrape it renders, the page)
 

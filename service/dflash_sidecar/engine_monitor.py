@@ -424,20 +424,26 @@ class EngineMonitor:
             self._figures = self._compute_figures(time.monotonic())
         return self._figures
 
-    def recommendation(self, now: float | None = None) -> Recommendation:
-        """The schedule the traffic of the longest window asks for (recommendation.py), as the
-        last scrape computed it; with `now`, computed for that time (what ingest, which computes
-        no figures, is read with)."""
-        if now is None and self._recommendation is not None:
-            return self._recommendation
+    def recommendation(self, now: float | None = None, window: str | None = None) -> Recommendation:
+        """The schedule the traffic of the longest window (or of `window`, one of --windows)
+        asks for (recommendation.py), as the last scrape computed it; with `now`, computed for
+        that time (what ingest, which computes no figures, is read with)."""
+        name = self._longest_window[0] if window is None else window
+        seconds = self.settings.windows[name]
+        if now is None and self._figures is not None:
+            if name == self._longest_window[0] and self._recommendation is not None:
+                return self._recommendation
+            return self._recommend(self._figures.at, self._figures.windows[name], name)
         now = time.monotonic() if now is None else now
-        seconds = self._longest_window[1]
         return self._recommend(
-            now, self._window_stats(self._total_delta(seconds, now), seconds, "")
+            now, self._window_stats(self._total_delta(seconds, now), seconds, ""), name
         )
 
-    def _recommend(self, now: float, stats: WindowStats) -> Recommendation:
-        name, seconds = self._longest_window
+    def _recommend(
+        self, now: float, stats: WindowStats, window: str | None = None
+    ) -> Recommendation:
+        name = self._longest_window[0] if window is None else window
+        seconds = self.settings.windows[name]
         baseline = self.settings.baseline
         return recommend(
             baseline.step_cost if baseline else None,

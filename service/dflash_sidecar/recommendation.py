@@ -64,6 +64,10 @@ class Recommendation(BaseModel):
     )
     predicted_gain: float | None = Field(description="recommended over running, minus 1")
     predicted_tokens_per_s: dict[str, float] | None
+    predicted_tokens_per_s_by_k: dict[int, float] | None = Field(
+        default=None,
+        description="every static k (0: speculation off) at the batch sizes the window ran",
+    )
     evidence: Evidence
 
 
@@ -92,7 +96,7 @@ def recommend(
         return Recommendation(
             available=False, recommended=False, reason=reason, running=short_form(running),
             schedule=None, chart_values=None, predicted_gain=None, predicted_tokens_per_s=None,
-            evidence=evidence,
+            predicted_tokens_per_s_by_k=None, evidence=evidence,
         )  # fmt: skip
 
     if step_cost is None:
@@ -115,9 +119,22 @@ def recommend(
             f"{samples} scrapes with requests running in the {window} window; waiting for "
             f"{MIN_BATCH_SAMPLES}"
         )
-    ranges = recommended_ranges(step_cost, per_position, range(largest_k + 1), max(batch_samples))
+    # A schedule's ranges draft at least one token: at k 0 inside a schedule the draft model
+    # still runs (vLLM's draft_model path keeps its KV cache; measured 19% slower than off on
+    # the paying pair, docs/choosing-k.md), which the step-cost model does not price. Off is
+    # recommended whole, where it beats every schedule.
+    ranges = recommended_ranges(
+        step_cost, per_position, range(1, largest_k + 1), max(batch_samples)
+    )
     ours = expected_tokens_per_s(step_cost, ranges, per_position, batch_samples)
+    off: Schedule = ((1, OPEN_END, 0),)
+    if (without := expected_tokens_per_s(step_cost, off, per_position, batch_samples)) > ours:
+        ranges, ours = off, without
     theirs = expected_tokens_per_s(step_cost, running, per_position, batch_samples)
+    by_k = {
+        k: expected_tokens_per_s(step_cost, ((1, OPEN_END, k),), per_position, batch_samples)
+        for k in range(largest_k + 1)
+    }
     gain = ours / theirs - 1 if theirs > 0 else 0.0
     text = short_form(ranges)
     static = len(ranges) == 1
@@ -142,5 +159,6 @@ def recommend(
         chart_values={"speculative": speculative},
         predicted_gain=gain,
         predicted_tokens_per_s={"running": theirs, "recommended": ours},
+        predicted_tokens_per_s_by_k=by_k,
         evidence=evidence,
     )

@@ -9,6 +9,7 @@ the HPA mode must return the queue per pod."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
@@ -17,6 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -110,9 +112,71 @@ def rules(chart_monitoring: dict[str, dict]) -> list[tuple[str, str]]:  # type: 
     ]
 
 
+@contextlib.contextmanager
+def serving(process: subprocess.Popen[bytes], ready_url: str, log: Path) -> Iterator[None]:
+    """Once `ready_url` answers (within 60 s, else the log's tail); SIGTERM after."""
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(ready_url, timeout=2)
+                break
+            except OSError:
+                assert process.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, f"{ready_url} did not answer"
+                time.sleep(0.5)
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+# The pod's sidecar for this module: the real sidecar, reading the session stack's engine, given
+# a baseline with a step cost so that it recommends a k schedule and exports the dflash_schedule_*
+# series the schedule panels and DFlashScheduleGainAvailable read (the session stack's own
+# sidecar has no baseline: the other e2e tests judge it against the greedy constants). Its
+# acceptance is set below what the tiny pair's draft (its target plus 5% noise) is accepted at,
+# so the verdict stays healthy; the step cost is the unit tests' (drafting loses at large
+# batches). Scraping every 0.5 s, it has the recommendation's 30 busy scrapes after 15 s of load.
+ADVISING_BASELINE = {
+    "model": "tiny", "num_speculative_tokens": 4, "mean_acceptance_length": 2.0,
+    "per_position_acceptance": [0.4, 0.3, 0.2, 0.1],
+    "sampling": "temperature 0 (greedy)", "workload": "the e2e load below",
+    "step_cost": {
+        "base_s": 0.020, "per_request_s": 0.0005, "per_draft_token_s": 0.0005,
+        "drafting_s": 0.006, "fit_error_rms": 0.02, "fit_error_max": 0.05, "points": 12,
+        "max_batch": 64,
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def advising_sidecar(
+    local_stack: stack.StackState, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[int]:
+    """A sidecar with a step-cost baseline on the session engine; yields its port."""
+    import sys
+
+    work = tmp_path_factory.mktemp("advising-sidecar")
+    baseline = work / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump(ADVISING_BASELINE))
+    engine = next(p.url for p in local_stack.processes if p.name == "engine")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dflash_ops.cli", "sidecar", "--engine-url", engine,
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+         "--speculative-tokens", "4", "--baseline-file", str(baseline),
+         "--scrape-interval", "0.5", "--scrape-timeout", "0.9"],
+        stdout=subprocess.DEVNULL, stderr=(work / "sidecar.log").open("w"),
+    )  # fmt: skip
+    with serving(process, f"http://127.0.0.1:{port}/livez", work / "sidecar.log"):
+        yield port
+
+
 @pytest.fixture(scope="module")
 def operator_prometheus(
     local_stack: stack.StackState,
+    advising_sidecar: int,
     router: Router,
     chart_monitoring: dict[str, dict],  # type: ignore[type-arg]
     tmp_path_factory: pytest.TempPathFactory,
@@ -126,7 +190,7 @@ def operator_prometheus(
         namespace=NAMESPACE,
         name="dflash-dflash-serve-6c9f-r2x7",
         labels=pod_template["metadata"]["labels"],
-        ports={"http": ("vllm", ports["engine"]), "sidecar": ("sidecar", ports["sidecar"])},
+        ports={"http": ("vllm", ports["engine"]), "sidecar": ("sidecar", advising_sidecar)},
     )
     router_pod = LocalPod(
         namespace=NAMESPACE,
@@ -164,20 +228,8 @@ def operator_prometheus(
         stderr=(work / "prometheus.log").open("w"),
     )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None, (work / "prometheus.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "prometheus not ready"
-                time.sleep(0.5)
+    with serving(process, f"{url}/-/ready", work / "prometheus.log"):
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +240,8 @@ def prometheus_under_load(
     (at least 20 s: several 5 s scrapes and rule evaluations under load), with a deadline."""
     engine = router.url
     recorded = [name for name, _ in rules if name.startswith("dflash:")]
+    # The schedule panels' series: exported once the sidecar has a recommendation.
+    recorded += ["dflash_schedule_predicted_gain", "dflash_schedule_recommended_k"]
 
     async def load(minimum: float, deadline: float) -> list[str]:
         endpoint = Endpoint(engine)
@@ -232,7 +286,7 @@ def prometheus_under_load(
     missing = asyncio.run(load(20, 150))
     # p95 latencies need histogram samples in the window; all are present under load.
     assert not missing, (
-        f"recording rules without series after 150 s of load: {missing}\n"
+        f"recording rules (or schedule series) without series after 150 s of load: {missing}\n"
         + rule_diagnosis(operator_prometheus, missing)
     )
     return operator_prometheus

@@ -86,6 +86,65 @@ def test_a_schedule_is_handed_out_as_chart_values() -> None:
     assert speculative["numSpeculativeTokens"] == 4
 
 
+@pytest.mark.parametrize(
+    ("batch_samples", "schedule"),
+    [
+        # Mostly alone: k 4 alone, k 1 (not 0) at 200 running, where off would be fastest.
+        ({1: 40, 200: 2}, "1-1:4,2-3:3,4-17:2,18-:1"),
+        # As long at 200 as alone: off whole beats every schedule.
+        ({1: 40, 200: 40}, "1-:0"),
+    ],
+)
+def test_a_schedule_never_holds_k_0(batch_samples: dict[int, int], schedule: str) -> None:
+    """k 0 inside a schedule still runs the draft model (not priced by the step cost): the
+    ranges draft 1 or more, and off is recommended whole when it beats them."""
+    advice = advise(per_position=[0.5, 0.3, 0.1, 0.05], batch_samples=batch_samples)
+    assert advice.schedule == schedule
+    assert advice.predicted_tokens_per_s_by_k is not None
+    by_k = advice.predicted_tokens_per_s_by_k
+    assert MODEL.tokens_per_s(200, 0, [0.5]) > MODEL.tokens_per_s(200, 1, [0.5])  # off wins at 200
+    if schedule == "1-:0":
+        assert advice.predicted_tokens_per_s == pytest.approx(
+            {"running": by_k[4], "recommended": by_k[0]}
+        )
+
+
+def test_every_static_k_is_predicted_at_the_window_batches() -> None:
+    """The per-k predictions are the running and recommended figures' own: static k 4 is what
+    runs, the best static k is what a one-range recommendation predicts, k 0 drafts nothing."""
+    advice = advise(per_position=[0.5, 0.3, 0.1, 0.05], batch_samples={4: 20, 16: 20})
+    by_k = advice.predicted_tokens_per_s_by_k
+    assert by_k is not None and sorted(by_k) == [0, 1, 2, 3, 4]
+    assert advice.predicted_tokens_per_s is not None
+    assert by_k[4] == pytest.approx(advice.predicted_tokens_per_s["running"])
+    assert max(by_k.values()) <= advice.predicted_tokens_per_s["recommended"] * (1 + 1e-12)
+    off = 0.5 * (4 / MODEL.step_seconds(4, 0)) + 0.5 * (16 / MODEL.step_seconds(16, 0))
+    assert by_k[0] == pytest.approx(off)
+    assert advise(drafts=0.0).predicted_tokens_per_s_by_k is None
+
+
+def test_a_shorter_window_reads_only_its_own_traffic(tmp_path: Path) -> None:
+    """recommendation(window=...) (GET /recommendation?window=): the batch sizes and acceptance
+    of that window alone, where the longest still holds the earlier traffic too."""
+    path = tmp_path / "baseline.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
+        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
+    }))  # fmt: skip
+    windows = {"40s": 40.0, "1m": 60.0, "5m": 300.0}
+    monitor = EngineMonitor(
+        fast_settings(baseline_file=str(path), speculative_tokens=4, windows=windows)
+    )
+    counters = Counters()
+    now = traffic(monitor, counters, 1000, 120, 1, GOOD)
+    now = traffic(monitor, counters, now + 1, 50, 16, [0.3, 0.1, 0.0, 0.0])
+    short, longest = monitor.recommendation(now, "40s"), monitor.recommendation(now)
+    assert set(short.evidence.batch_samples) == {16} and short.evidence.window == "40s"
+    assert set(longest.evidence.batch_samples) == {1, 16} and longest.evidence.window == "5m"
+    assert short.evidence.per_position_acceptance[0] == pytest.approx(0.3)
+    assert longest.evidence.per_position_acceptance[0] > 0.5
+
+
 def test_running_batches_are_kept_for_the_longest_window() -> None:
     batches = RunningBatchSamples(keep_seconds=100)
     for t, running in ((0, 3), (10, 0), (50, 3.4), (120, 8)):
@@ -196,6 +255,12 @@ def test_served_and_exported(
         wait_for(lambda: client.get("/readyz").status_code == 200)
         answer = client.get("/recommendation").json()
         assert answer["available"] is False and "no step-cost model" in answer["reason"]
+        assert client.get("/recommendation?window=1m").json()["evidence"]["window"] == "1m"
+        wrong = client.get("/recommendation?window=7m")
+        assert wrong.status_code == 400
+        assert wrong.json()["detail"] == (
+            "window='7m' is not one of the sidecar's windows: use " + ", ".join(settings.windows)
+        )
         body = client.get("/metrics").text
     assert "dflash_schedule_recommendation_available 0.0" in body
     assert "dflash_schedule_predicted_gain" not in body

@@ -213,10 +213,61 @@ def speculative_decoding() -> dict[str, Any]:
         ],
         defaults={"mappings": NO_TRAFFIC},
     )
+    schedule_panels(b)
     return b.dashboard(
         "dflash-speculative",
         "dflash-serve / Speculative decoding",
         "Acceptance of the DFlash2 (or MTP) draft from vLLM's spec_decode counters and the "
         "dflash-serve sidecar.",
         baseline=True,
+    )
+
+
+def schedule_panels(b: Board) -> None:
+    """The sidecar's schedule recommendation (GET /recommendation): what it predicts for the
+    running schedule and for the one the traffic asks for, the gain, and the k per range."""
+    predicted = "dflash_schedule_predicted_tokens_per_second"
+    b.panel(
+        "k schedule: running against recommended (predicted)",
+        "Output tokens/s the sidecar predicts for the running k schedule and for the one its "
+        "longest window's traffic asks for, from the step cost the sweep fitted and the live "
+        "acceptance and running batch. Empty until the sidecar has a step-cost baseline and "
+        "enough traffic: GET /recommendation says why.",
+        TOKENS_PER_S,
+        [
+            (f'max by (pod) ({predicted}{{{POD_SEL}, schedule="running"}})', "running {{pod}}"),
+            (
+                f'max by (pod) ({predicted}{{{POD_SEL}, schedule="recommended"}})',
+                "recommended {{pod}}",
+            ),
+        ],
+        width=8,
+    )
+    b.panel(
+        "k schedule: predicted gain",
+        "The recommended schedule over the running one, minus 1. Above 5% the sidecar "
+        "recommends a change; above 10% for 3 h DFlashScheduleGainAvailable fires. Verify with "
+        "bench sweep --schedule before rolling it out.",
+        "percentunit",
+        [(f"max by (pod) (dflash_schedule_predicted_gain{{{POD_SEL}}})", "{{pod}}")],
+        width=8,
+        defaults={
+            "thresholds": {
+                "mode": "absolute",
+                "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 0.1}],
+            }
+        },
+    )
+    b.panel(
+        "k schedule: recommended k per running batch",
+        "The recommended k for each range of running requests (last 65536: open-ended).",
+        "none",
+        [
+            (
+                f"max by (first, last) (dflash_schedule_recommended_k{{{POD_SEL}}})",
+                "{{first}}-{{last}} running",
+            )
+        ],
+        width=8,
+        defaults={"min": 0},
     )
