@@ -72,6 +72,9 @@ class EngineDeployer:
             self.engine.__exit__(None, None, None)
             self.engine = None
 
+    def live_sidecar(self, setting: Any) -> str | None:
+        return None  # a bare engine: no sidecar
+
 
 REFERENCE_SETTINGS = [("mtp", 3), *(("dflash", k) for k in range(3, 8))]
 

@@ -135,6 +135,11 @@ def _components(config: StackConfig) -> list[Component]:
                     if config.baseline is not None
                     else []
                 ),
+                *(
+                    ["--scrape-interval", f"{config.sidecar_scrape_interval:g}"]
+                    if config.sidecar_scrape_interval is not None
+                    else []
+                ),
                 # The schedule in force, which the schedule recommendation compares with.
                 *(
                     ["--speculative-schedule", json.dumps([list(r) for r in config.schedule])]

@@ -162,6 +162,13 @@ class StackConfig(BaseModel):
         "collapse alert judge against it instead of greedy constants",
         json_schema_extra={"metavar": "FILE"},
     )
+    sidecar_scrape_interval: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        json_schema_extra={"flag": False},  # the sweep's: a busy scrape a second for its windows
+        description="the sidecars' --scrape-interval (default: theirs)",
+    )
     engine_threads: int | None = Field(
         default=None,
         ge=1,

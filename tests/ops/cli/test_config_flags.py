@@ -35,6 +35,7 @@ def test_every_field_the_user_sets_has_its_flag_and_help(
     # The fields left without a flag are the ones the stack sets itself.
     assert set(StackConfig.model_fields) - set(FLAGGED) == {
         "state_dir", "auth", "kv_cache_gib", "scale_out", "kv_events_port", "engine_threads",
+        "sidecar_scrape_interval",
     }  # fmt: skip
 
 

@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,7 +35,7 @@ from dflash_ops.bench.core import report, vllm_export
 from dflash_ops.bench.core.atomic_files import replace_text
 from dflash_ops.bench.core.client import RequestRecord
 from dflash_ops.bench.core.prompts import Prompt
-from dflash_ops.bench.core.results import BenchResult, BenchSettings
+from dflash_ops.bench.core.results import BenchResult, BenchSettings, LevelResult
 from dflash_ops.bench.core.runner import Level, LevelPlan, Target, now_iso, run_bench
 from dflash_ops.errors import UserError
 
@@ -211,6 +212,7 @@ def run_into(
     *,
     save_result: bool = False,
     result_filename: str | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
 ) -> BenchResult:
     """Run the benchmark, writing `out` as it goes. Ctrl-C and SIGTERM stop it with what was
     measured written (BenchInterrupted); a run that stopped early raises runner.BenchStopped.
@@ -236,6 +238,7 @@ def run_into(
                 prompts,
                 on_result=directory.save,
                 on_record=directory.record,
+                on_level=on_level,
             )
         finally:
             loop.remove_signal_handler(signal.SIGTERM)

@@ -365,9 +365,11 @@ async def run_bench(
     prompts: list[Prompt] | None = None,
     on_result: ResultSink | None = None,
     on_record: Callable[[str, int, RequestRecord], None] | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
 ) -> BenchResult:
     """Every level in turn. `on_result` gets the result so far after every pass and level (and
-    once more at the end, however the run ends); `on_record` every request as it completes. A
+    once more at the end, however the run ends); `on_record` every request as it completes;
+    `on_level` every level measured in full, as it ends (before the next one starts). A
     level that stops early (the server went away, every request failed) ends the run: the
     BenchStopped raised carries everything measured, as does an interrupt (`on_result` saw it)."""
     endpoint = Endpoint(
@@ -417,6 +419,8 @@ async def run_bench(
                 stopped = run.publish("failed", f"{result.label}: {result.partial}")
                 raise BenchStopped(stopped)
             run.publish("running")
+            if on_level is not None:
+                on_level(result)
         lossless = None
         if reference is not None and compared is not None:
             lossless = await check_lossless(

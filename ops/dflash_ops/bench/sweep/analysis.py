@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 from dflash_ops.bench.core.baseline import baseline_of
 from dflash_ops.bench.core.results import BenchResult, LevelResult, requests_described
 from dflash_ops.bench.sweep.deployers import Setting
+from dflash_ops.bench.sweep.live_predictions import LiveComparison
+from dflash_ops.bench.sweep.live_predictions import table as live_table
 from dflash_ops.bench.sweep.step_cost_fit import fit_step_cost, step_points
 from dflash_ops.errors import UserError
 from dflash_ops.vocabulary import SpeculativeMethod
@@ -99,6 +101,11 @@ class SweepAnalysis(BaseModel):
         default_factory=dict,
         description="what every setting was measured under: the requests and their sampling "
         "(BenchSettings.workload); the recommendation holds for this workload",
+    )
+    live_predictions: LiveComparison | None = Field(
+        default=None,
+        description="with --step-cost-from: the sidecar's live predictions of every k at each "
+        "level against the measurements",
     )
 
     def measured_under(self) -> str:
@@ -432,6 +439,8 @@ def table(analysis: SweepAnalysis) -> str:
                 f"| {pr.method} | {pr.level} | {pr.k} | {pr.predicted_mean_acceptance_length:.2f} "
                 f"(k={pr.from_k}) | {_fmt(pr.measured_mean_acceptance_length, 2)} |"
             )
+    if analysis.live_predictions is not None:
+        lines += ["", live_table(analysis.live_predictions).rstrip()]
     return "\n".join(lines) + "\n"
 
 

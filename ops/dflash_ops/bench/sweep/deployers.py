@@ -52,6 +52,10 @@ class Deployer(Protocol):
         """Put back what the sweep changed (idempotent)."""
         ...
 
+    def live_sidecar(self, setting: Setting) -> str | None:
+        """The sidecar URL whose live predictions the sweep records for `setting`, if any."""
+        ...
+
 
 def say(message: str) -> None:
     print(f"==> sweep: {message}", file=sys.stderr, flush=True)
@@ -85,6 +89,7 @@ class LocalDeployer:
         enforce_eager: bool = False,
         engine_timeout_s: float = 600.0,
         models: LocalModels = "tiny",
+        sidecar_baseline: Path | None = None,
     ) -> None:
         from dflash_ops import directory_lock
         from dflash_ops.local import stack
@@ -93,6 +98,14 @@ class LocalDeployer:
         self.engine_port, self.sidecar_port = engine_port, sidecar_port
         self.enforce_eager, self.engine_timeout_s = enforce_eager, engine_timeout_s
         self.models = models
+        # A baseline with a step cost (live_predictions.py): the sidecar of the static setting at
+        # its k predicts every k from its live figures, scraping every second.
+        self.sidecar_baseline = sidecar_baseline
+        self.watched_k: int | None = None
+        if sidecar_baseline is not None:
+            from dflash_ops.bench.core.baseline import read_baseline
+
+            self.watched_k = read_baseline(sidecar_baseline).num_speculative_tokens
         # The sweep owns its stack directory for its whole run: a second sweep from the same
         # folder would stop this one's engines (its settings' `up` and `down` each take the
         # stack's own lock only while they work). Released by finish(), or when this exits.
@@ -117,6 +130,9 @@ class LocalDeployer:
         stack.down(self.state_dir, quiet=True)
         method = setting.method if setting.speculating else "off"
         say(f"{setting.key}: starting the local stack in {self.state_dir}")
+        from dflash_ops.bench.sweep.live_predictions import SCRAPE_INTERVAL_S
+
+        watched = self.live_sidecar(setting) is not None
         config = stack.StackConfig(
             state_dir=self.state_dir,
             engine_port=self.engine_port,
@@ -128,6 +144,8 @@ class LocalDeployer:
             prometheus=False,
             engine_timeout_s=self.engine_timeout_s,
             enforce_eager=self.enforce_eager,
+            baseline=self.sidecar_baseline if watched else None,
+            sidecar_scrape_interval=SCRAPE_INTERVAL_S if watched else None,
         )
         try:
             state = stack.up(config)
@@ -139,6 +157,10 @@ class LocalDeployer:
 
             raise BenchInterrupted(stopped.exit_status, []) from None
         return next(p.url for p in state.processes if p.name == "engine")
+
+    def live_sidecar(self, setting: Setting) -> str | None:
+        watched = setting.speculating and setting.schedule is None and setting.k == self.watched_k
+        return f"http://127.0.0.1:{self.sidecar_port}" if watched else None
 
     def finish(self) -> None:
         from dflash_ops.local import stack
@@ -216,3 +238,6 @@ class HelmDeployer:
         say(f"restoring the values {self.release} had before the sweep ({self.original})")
         self._helm(*self.restore_args())
         self.changed = False
+
+    def live_sidecar(self, setting: Setting) -> str | None:
+        return None  # the release's sidecars sit behind its door: not read by the sweep

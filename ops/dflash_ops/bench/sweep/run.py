@@ -11,6 +11,7 @@ DIR/baseline.yaml (the same baseline, for `local up --baseline`) and the picture
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +21,7 @@ from dflash_ops.bench.core.prompts import Prompt
 from dflash_ops.bench.core.results import BenchResult, BenchSettings
 from dflash_ops.bench.core.run_directory import BenchInterrupted, run_into, save_json
 from dflash_ops.bench.core.runner import BenchStopped, Level, Target
+from dflash_ops.bench.sweep import live_predictions
 from dflash_ops.bench.sweep.analysis import (
     SweepAnalysis,
     analyse,
@@ -28,12 +30,14 @@ from dflash_ops.bench.sweep.analysis import (
     table,
 )
 from dflash_ops.bench.sweep.deployers import Deployer, Setting, say
+from dflash_ops.bench.sweep.live_predictions import record_level
 from dflash_ops.errors import UserError
 from dflash_ops.speculative_setting import ScheduleValue
 from dflash_ops.vocabulary import LocalModels
 
 DERIVE: Literal["derive"] = "derive"
 NO_SCHEDULE: Literal["off"] = "off"
+SIDECAR: Literal["sidecar"] = "sidecar"
 
 
 class SweepPlan(BaseModel):
@@ -42,10 +46,16 @@ class SweepPlan(BaseModel):
     bench: BenchSettings
     deployer: str
     models: LocalModels | None = None  # the local deployer's model pair
-    schedule: Literal["derive", "off"] | ScheduleValue = Field(
+    step_cost_from: Path | None = Field(
+        default=None,
+        description="an earlier sweep whose step cost the largest static k's sidecar predicts "
+        "with (live_predictions.py)",
+    )
+    schedule: Literal["derive", "off", "sidecar"] | ScheduleValue = Field(
         default=DERIVE,
         description="derive: a k schedule from the static settings' measurements, run and "
-        "verified after them; off: none; or a schedule (short form) to verify",
+        "verified after them; off: none; sidecar: the one the watched sidecar recommends for "
+        "the whole run; or a schedule (short form) to verify",
     )
 
 
@@ -128,11 +138,16 @@ def measure(
     state: SweepState,
 ) -> None:
     base_url = deployer.apply(setting)
+    sidecar = deployer.live_sidecar(setting)
+    point = point_dir(out, setting)
     try:
         target = Target(base_url, model, api_key)
         run_into(
-            point_dir(out, setting), target, plan.levels, setting_bench(plan, setting), prompts
-        )
+            point, target, plan.levels, setting_bench(plan, setting), prompts,
+            on_level=None if sidecar is None else partial(record_level, sidecar, point),
+        )  # fmt: skip
+        if sidecar is not None:
+            live_predictions.record_run(sidecar, point)
     except BenchStopped as stopped:
         raise UserError(
             f"{setting.key}: the benchmark stopped early ({stopped.result.stop_reason}); "
@@ -165,6 +180,8 @@ def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting |
     if state.schedule_setting is not None or plan.schedule in (NO_SCHEDULE, None):
         return state.schedule_setting
     speculative = [s for s in plan.settings if s.speculating]
+    if plan.schedule == SIDECAR:
+        return sidecar_schedule(out, plan, state)
     if isinstance(plan.schedule, tuple):
         largest = max(k for _, _, k in plan.schedule)
         method = speculative[0].method if speculative else None
@@ -189,6 +206,31 @@ def schedule_setting(out: Path, plan: SweepPlan, state: SweepState) -> Setting |
     return state.schedule_setting
 
 
+def sidecar_schedule(out: Path, plan: SweepPlan, state: SweepState) -> Setting | None:
+    """The schedule the watched setting's sidecar recommended over its whole run, or None with
+    the reason (no recommendation, or a static one: that setting's own row is its measurement)."""
+    for setting in plan.settings:
+        path = point_dir(out, setting) / live_predictions.RUN_FILENAME
+        if not path.is_file():
+            continue
+        advice = live_predictions.load_run(path)
+        found = live_predictions.recommended_schedule(advice)
+        if isinstance(found, str):
+            state.schedule_note = f"the sidecar of {setting.key}: {found}"
+            return None
+        state.schedule_setting = Setting(
+            max(k for _, _, k in found), setting.method, schedule=found
+        )
+        window = (advice.get("evidence") or {}).get("window")
+        state.schedule_derivation = (
+            f"recommended by the sidecar of {setting.key} over its {window} window of the whole "
+            f"run: {advice.get('reason')}"
+        )
+        return state.schedule_setting
+    state.schedule_note = "no sidecar answered for the whole run (--step-cost-from watches one)"
+    return None
+
+
 def load_results(out: Path, plan: SweepPlan) -> dict[Setting, BenchResult]:
     return {
         s: BenchResult.model_validate_json((point_dir(out, s) / "results.json").read_text())
@@ -210,6 +252,11 @@ def finish(out: Path, plan: SweepPlan, state: SweepState) -> SweepAnalysis:
         schedule_note=state.schedule_note,
         schedule_derivation=state.schedule_derivation,
     )
+    for setting in plan.settings:
+        kept = live_predictions.load(point_dir(out, setting) / live_predictions.FILENAME)
+        if kept:
+            comparison = live_predictions.compare(setting, kept, results)
+            analysis = analysis.model_copy(update={"live_predictions": comparison})
     save_json(out / "sweep-results.json", analysis.model_dump_json(indent=2))
     (out / "sweep.md").write_text(table(analysis))
     baseline = sweep_baseline(analysis, results)

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_sidecar.baseline import Baseline
+
+from dflash_ops.bench.core.baseline import baseline_of
+from dflash_ops.bench.core.results import BenchResult
+from dflash_ops.bench.sweep.deployers import Setting
 from dflash_ops.bench.sweep.run import SweepState, load_results
 from dflash_ops.bench.sweep.step_cost_fit import (
     StepPoint,
@@ -15,17 +20,45 @@ from dflash_ops.bench.sweep.step_cost_fit import (
 from dflash_ops.errors import UserError
 
 
-def sweep_points(directory: Path) -> list[StepPoint]:
-    """The static measurements of a finished sweep directory (bench sweep --out DIR)."""
+def finished_sweep(directory: Path) -> dict[Setting, BenchResult]:
+    """The static settings' results of a finished sweep directory (bench sweep --out DIR)."""
     path = directory / "sweep.json"
     try:
         state = SweepState.model_validate_json(path.read_text())
-        results = load_results(directory, state.plan)
+        return load_results(directory, state.plan)
     except (OSError, ValueError) as err:
         raise UserError(
             f"{directory}: not a finished sweep ({type(err).__name__}: {err})"
         ) from None
-    return step_points(results)
+
+
+def sweep_points(directory: Path) -> list[StepPoint]:
+    """The static measurements of a finished sweep directory."""
+    return step_points(finished_sweep(directory))
+
+
+def sidecar_baseline(directory: Path, k: int, model: str) -> Baseline:
+    """What `bench sweep --step-cost-from DIR` hands the sidecar of its static setting at k: the
+    step cost fitted on DIR's sweep, with DIR's acceptance at static k (the verdict's baseline)."""
+    results = finished_sweep(directory)
+    static = next((s for s in results if s.speculating and s.schedule is None and s.k == k), None)
+    if static is None:
+        measured = ", ".join(str(s.k) for s in sorted(results))
+        raise UserError(
+            f"--step-cost-from {directory}: it measured k {measured}, not this sweep's largest "
+            f"k {k}: give the earlier sweep k {k} too, or this one a largest k it measured"
+        )
+    baseline = baseline_of(results[static], f"bench sweep {directory}, {static.key}")
+    if baseline.model != model:
+        raise UserError(
+            f"--step-cost-from {directory}: measured on model {baseline.model!r}; this sweep "
+            f"serves {model!r} (--models)"
+        )
+    try:
+        step_cost = fit_step_cost(step_points(results))
+    except UserError as err:
+        raise UserError(f"--step-cost-from {directory}: {err}") from None
+    return baseline.model_copy(update={"step_cost": step_cost})
 
 
 def report(train: Path, against: Path | None) -> str:

@@ -25,15 +25,15 @@ method_list = choice_list(SPECULATIVE_METHODS, "methods", "dflash,mtp")
 
 
 def schedule_choice(text: str) -> object:
-    """derive, off, or a schedule: read here, once (SweepPlan keeps it typed)."""
+    """derive, off, sidecar, or a schedule: read here, once (SweepPlan keeps it typed)."""
     from dflash_ops.speculative_schedule import ScheduleError, parse_schedule
 
-    if text in ("derive", "off"):
+    if text in ("derive", "off", "sidecar"):
         return text
     try:
         return parse_schedule(text, MAX_K)
     except ScheduleError as err:
-        raise argparse.ArgumentTypeError(f"{err} (or derive, or off)") from None
+        raise argparse.ArgumentTypeError(f"{err} (or derive, off, or sidecar)") from None
 
 
 def register(actions: Any) -> None:
@@ -76,12 +76,13 @@ def register(actions: Any) -> None:
         "--schedule",
         type=schedule_choice,
         default="derive",
-        metavar="derive|off|RANGES",
+        metavar="derive|off|sidecar|RANGES",
         help="derive (default): after the static settings, derive a k schedule (k per running "
         "batch size) from the recommendation at each level and the engine's running batch "
         "there, run it as one more setting and recommend it only if it is within the spread "
-        "of the best static setting at every level; off: no schedule; RANGES (e.g. "
-        "1-4:4,5-:1): verify this schedule instead",
+        "of the best static setting at every level; off: no schedule; sidecar (with "
+        "--step-cost-from): verify the schedule the largest static k's sidecar recommends for "
+        "the whole run's traffic; RANGES (e.g. 1-4:4,5-:1): verify this schedule instead",
     )
     sweep.add_argument("--deployer", choices=["local", "helm"], default="local")
     sweep.add_argument(
@@ -110,6 +111,15 @@ def register(actions: Any) -> None:
     )
     local.add_argument(
         "--engine-timeout", type=number(float, 0, 86_400, low_open=True), default=600.0
+    )
+    local.add_argument(
+        "--step-cost-from",
+        type=Path,
+        metavar="DIR",
+        help="an earlier finished sweep of this pair (with the largest --k, at two loads or "
+        "more): its fitted step cost goes to the sidecar of the largest static k, which predicts "
+        "every k from its last minute of live figures at the end of each level; sweep.md sets "
+        "the predictions against the measurements (give each level a minute or more)",
     )
     helm = sweep.add_argument_group("--deployer helm")
     helm.add_argument("--release", type=kubernetes_name, help="the installed release")
@@ -163,6 +173,11 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     needs_bench_extra()
     settings = settings_of(args)
+    if args.schedule == "sidecar" and args.step_cost_from is None:
+        raise UserError(
+            "--schedule sidecar verifies the sidecar's recommendation: give --step-cost-from DIR "
+            "(an earlier sweep) for its step cost"
+        )
     levels = load_levels(args)
     run_settings = bench_settings(args)
     prompts = prompts_from_file(args)
@@ -174,6 +189,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         deployer=args.deployer,
         models=args.models if args.deployer == "local" else None,
         schedule=args.schedule,
+        step_cost_from=args.step_cost_from,
     )
     deployer = _deployer(args)
     keys = ", ".join(s.key for s in settings)
@@ -204,10 +220,15 @@ def _deployer(args: argparse.Namespace) -> Any:
             enforce_eager=args.enforce_eager,
             engine_timeout_s=args.engine_timeout,
             models=args.models,
+            sidecar_baseline=_sidecar_baseline(args),
         )
     from dflash_ops.chart.helm import helm_binary
     from dflash_ops.paths import CHART_DIR
 
+    if args.step_cost_from is not None:
+        raise UserError(
+            "--step-cost-from reads the local stack's sidecar: it is for --deployer local"
+        )
     if args.models != "tiny":
         raise UserError("--models picks the local stack's pair: it is for --deployer local")
 
@@ -223,3 +244,21 @@ def _deployer(args: argparse.Namespace) -> Any:
         helm=args.helm or helm_binary(),
         api_key=args.api_key,
     )
+
+
+def _sidecar_baseline(args: argparse.Namespace) -> Path | None:
+    """OUT/sidecar-baseline.yaml from --step-cost-from, checked before any setting runs."""
+    if args.step_cost_from is None:
+        return None
+    import yaml
+
+    from dflash_ops.bench.sweep.step_cost_report import sidecar_baseline
+
+    largest = max(args.k)
+    if largest == 0:
+        raise UserError("--step-cost-from needs a speculative setting: give --k above 0")
+    baseline = sidecar_baseline(args.step_cost_from, largest, args.models)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path: Path = args.out / "sidecar-baseline.yaml"
+    path.write_text(yaml.safe_dump(baseline.model_dump(mode="json")))
+    return path
