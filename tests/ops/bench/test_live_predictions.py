@@ -36,25 +36,30 @@ def test_the_sidecar_baseline_is_the_earlier_sweeps_step_cost_and_acceptance(
     tmp_path: Path,
 ) -> None:
     write_sweep(tmp_path / "earlier", {0: 1.0, 2: 2.4, 4: 3.1})
-    baseline = sidecar_baseline(tmp_path / "earlier", 4, "m")
+    baseline = sidecar_baseline(tmp_path / "earlier", K4, "m")
     assert baseline.num_speculative_tokens == 4 and baseline.step_cost is not None
     assert baseline.mean_acceptance_length == pytest.approx(3.1)
     assert baseline.step_cost.points == 6 and baseline.step_cost.fit_error_rms < 1e-6
 
 
 @pytest.mark.parametrize(
-    ("k", "model", "says"),
+    ("watched", "model", "says"),
     [
-        (3, "m", "it measured k 0, 2, 4, not this sweep's largest k 3: give the earlier sweep"),
-        (4, "paying", "measured on model 'm'; this sweep serves 'paying' (--models)"),
+        (
+            Setting(3, "dflash"),
+            "m",
+            "it measured off, dflash-k2, dflash-k4, not this sweep's dflash-k3: give the earlier",
+        ),
+        (Setting(4, "ngram"), "m", "not this sweep's ngram-k4"),
+        (K4, "paying", "measured on model 'm'; this sweep serves 'paying' (--models)"),
     ],
 )
 def test_an_earlier_sweep_that_does_not_fit_is_refused_by_name(
-    tmp_path: Path, k: int, model: str, says: str
+    tmp_path: Path, watched: Setting, model: str, says: str
 ) -> None:
     write_sweep(tmp_path / "earlier", {0: 1.0, 2: 2.4, 4: 3.1})
     with pytest.raises(UserError, match=r"^--step-cost-from ") as raised:
-        sidecar_baseline(tmp_path / "earlier", k, model)
+        sidecar_baseline(tmp_path / "earlier", watched, model)
     assert says in str(raised.value)
 
 
@@ -272,11 +277,13 @@ def test_the_local_deployer_watches_the_static_setting_at_the_baselines_k(tmp_pa
 
     write_sweep(tmp_path / "earlier", {0: 1.0, 2: 2.4, 4: 3.1})
     path = tmp_path / "sidecar-baseline.yaml"
-    baseline = sidecar_baseline(tmp_path / "earlier", 4, "m")
+    baseline = sidecar_baseline(tmp_path / "earlier", Setting(4, "dflash"), "m")
     path.write_text(yaml.safe_dump(baseline.model_dump(mode="json")))
-    deployer = LocalDeployer(tmp_path / ".sweep-stack", 18000, 19000, sidecar_baseline=path)
+    watched = Setting(4, "draft_model")
+    deployer = LocalDeployer(tmp_path / ".sweep-stack", 18000, 19000, sidecar=(path, watched))
     try:
         assert deployer.live_sidecar(Setting(4, "draft_model")) == "http://127.0.0.1:19000"
+        assert deployer.live_sidecar(Setting(4, "ngram")) is None
         assert deployer.live_sidecar(Setting(2, "draft_model")) is None
         assert deployer.live_sidecar(Setting(4, "draft_model", ((1, 1, 4), (2, 65536, 2)))) is None
         assert deployer.live_sidecar(Setting(0, "draft_model")) is None

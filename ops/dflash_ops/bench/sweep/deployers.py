@@ -89,7 +89,7 @@ class LocalDeployer:
         enforce_eager: bool = False,
         engine_timeout_s: float = 600.0,
         models: LocalModels = "tiny",
-        sidecar_baseline: Path | None = None,
+        sidecar: tuple[Path, Setting] | None = None,
     ) -> None:
         from dflash_ops import directory_lock
         from dflash_ops.local import stack
@@ -98,14 +98,10 @@ class LocalDeployer:
         self.engine_port, self.sidecar_port = engine_port, sidecar_port
         self.enforce_eager, self.engine_timeout_s = enforce_eager, engine_timeout_s
         self.models = models
-        # A baseline with a step cost (live_predictions.py): the sidecar of the static setting at
-        # its k predicts every k from its live figures, scraping every second.
-        self.sidecar_baseline = sidecar_baseline
-        self.watched_k: int | None = None
-        if sidecar_baseline is not None:
-            from dflash_ops.bench.core.baseline import read_baseline
-
-            self.watched_k = read_baseline(sidecar_baseline).num_speculative_tokens
+        # A baseline with a step cost and the setting whose sidecar gets it (live_predictions.py):
+        # that sidecar predicts every k from its live figures, scraping every second.
+        self.sidecar_baseline: Path | None = sidecar[0] if sidecar is not None else None
+        self.watched: Setting | None = sidecar[1] if sidecar is not None else None
         # The sweep owns its stack directory for its whole run: a second sweep from the same
         # folder would stop this one's engines (its settings' `up` and `down` each take the
         # stack's own lock only while they work). Released by finish(), or when this exits.
@@ -159,7 +155,7 @@ class LocalDeployer:
         return next(p.url for p in state.processes if p.name == "engine")
 
     def live_sidecar(self, setting: Setting) -> str | None:
-        watched = setting.speculating and setting.schedule is None and setting.k == self.watched_k
+        watched = setting == self.watched
         return f"http://127.0.0.1:{self.sidecar_port}" if watched else None
 
     def finish(self) -> None:

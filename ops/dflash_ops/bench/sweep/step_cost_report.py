@@ -37,16 +37,18 @@ def sweep_points(directory: Path) -> list[StepPoint]:
     return step_points(finished_sweep(directory))
 
 
-def sidecar_baseline(directory: Path, k: int, model: str) -> Baseline:
-    """What `bench sweep --step-cost-from DIR` hands the sidecar of its static setting at k: the
-    step cost fitted on DIR's sweep, with DIR's acceptance at static k (the verdict's baseline)."""
+def sidecar_baseline(directory: Path, watched: Setting, model: str) -> Baseline:
+    """What `bench sweep --step-cost-from DIR` hands the sidecar of its `watched` static setting:
+    the step cost fitted on DIR's sweep, with DIR's acceptance at that setting (the verdict's
+    baseline)."""
     results = finished_sweep(directory)
-    static = next((s for s in results if s.speculating and s.schedule is None and s.k == k), None)
+    static = next((s for s in results if s.schedule is None and s.key == watched.key), None)
     if static is None:
-        measured = ", ".join(str(s.k) for s in sorted(results))
+        measured = ", ".join(s.key for s in sorted(results))
         raise UserError(
-            f"--step-cost-from {directory}: it measured k {measured}, not this sweep's largest "
-            f"k {k}: give the earlier sweep k {k} too, or this one a largest k it measured"
+            f"--step-cost-from {directory}: it measured {measured}, not this sweep's "
+            f"{watched.key}: give the earlier sweep k {watched.k} too, or this one a largest k "
+            "it measured"
         )
     baseline = baseline_of(results[static], f"bench sweep {directory}, {static.key}")
     if baseline.model != model:

@@ -220,7 +220,7 @@ def _deployer(args: argparse.Namespace) -> Any:
             enforce_eager=args.enforce_eager,
             engine_timeout_s=args.engine_timeout,
             models=args.models,
-            sidecar_baseline=_sidecar_baseline(args),
+            sidecar=_sidecar_baseline(args),
         )
     from dflash_ops.chart.helm import helm_binary
     from dflash_ops.paths import CHART_DIR
@@ -246,19 +246,22 @@ def _deployer(args: argparse.Namespace) -> Any:
     )
 
 
-def _sidecar_baseline(args: argparse.Namespace) -> Path | None:
-    """OUT/sidecar-baseline.yaml from --step-cost-from, checked before any setting runs."""
+def _sidecar_baseline(args: argparse.Namespace) -> tuple[Path, Any] | None:
+    """OUT/sidecar-baseline.yaml from --step-cost-from, for the static setting at the largest k
+    (of the first method), checked before any setting runs; with that setting."""
     if args.step_cost_from is None:
         return None
     import yaml
 
     from dflash_ops.bench.sweep.step_cost_report import sidecar_baseline
 
-    largest = max(args.k)
-    if largest == 0:
+    speculative = [s for s in settings_of(args) if s.speculating]
+    if not speculative:
         raise UserError("--step-cost-from needs a speculative setting: give --k above 0")
-    baseline = sidecar_baseline(args.step_cost_from, largest, args.models)
+    largest = max(s.k for s in speculative)
+    watched = next(s for s in speculative if s.k == largest)
+    baseline = sidecar_baseline(args.step_cost_from, watched, args.models)
     args.out.mkdir(parents=True, exist_ok=True)
     path: Path = args.out / "sidecar-baseline.yaml"
     path.write_text(yaml.safe_dump(baseline.model_dump(mode="json")))
-    return path
+    return path, watched
