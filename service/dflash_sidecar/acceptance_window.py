@@ -313,6 +313,19 @@ class AcceptanceWindow:
         self.widest = max(self.widest, len(snapshot.accepted_per_pos))
         return restart
 
+    def intervals(self, seconds: float, now: float, stale_after: float) -> list[Delta]:
+        """The increase between each two consecutive snapshots in the window (a scrape interval
+        each), where both have the same per-position lines; none when the window is stale."""
+        latest = self.latest
+        if latest is None or now - latest.at > stale_after:
+            return []
+        in_window = [s for s in self._snapshots if s.at >= now - seconds]
+        return [
+            Delta.between(old, new)
+            for old, new in pairwise(in_window)
+            if len(old.accepted_per_pos) == len(new.accepted_per_pos)
+        ]
+
     def delta(self, seconds: float, now: float, stale_after: float) -> Delta | None:
         """Increase over the window [now - seconds, now], if the window holds two snapshots and
         the newest is not older than `stale_after` seconds."""

@@ -46,7 +46,12 @@ from dflash_sidecar.models import (
     StatsResponse,
     WindowStats,
 )
-from dflash_sidecar.recommendation import Recommendation, RunningBatchSamples, recommend
+from dflash_sidecar.recommendation import (
+    Recommendation,
+    RunningBatchSamples,
+    per_position_at_k_in_effect,
+    recommend,
+)
 from dflash_sidecar.settings import SidecarSettings
 from dflash_sidecar.verdict import Verdict
 
@@ -445,15 +450,28 @@ class EngineMonitor:
         name = self._longest_window[0] if window is None else window
         seconds = self.settings.windows[name]
         baseline = self.settings.baseline
+        largest_k = self.settings.speculative_tokens or 0
+        per_position, reached = stats.per_position_acceptance, None
+        if 0 < len(per_position) < largest_k:  # a schedule lowered k: count each k's scrapes
+            running = self._running_schedule or ((1, 1, largest_k),)
+            per_position, reached = per_position_at_k_in_effect(
+                (
+                    interval
+                    for series in self.windows.values()
+                    for interval in series.intervals(seconds, now, self._stale_after())
+                ),
+                {k for _, _, k in running},
+            )
         return recommend(
             baseline.step_cost if baseline else None,
-            stats.per_position_acceptance,
+            per_position,
             stats.drafts,
-            self.settings.speculative_tokens or 0,
+            largest_k,
             self.batches.share(now, seconds),
             name,
             f"{baseline.sampling}; {baseline.workload}" if baseline else "",
             self._running_schedule,
+            reached,
         )
 
     def stats(self, now: float | None = None) -> StatsResponse:

@@ -11,9 +11,11 @@ the largest k (a schedule lowered k in the window: only position 0 is then known
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dflash_sidecar.acceptance_window import Delta
 from dflash_sidecar.schedule_form import OPEN_END, Schedule, short_form
 from dflash_sidecar.step_cost import StepCostModel, expected_tokens_per_s, recommended_ranges
 
@@ -21,6 +23,42 @@ from dflash_sidecar.step_cost import StepCostModel, expected_tokens_per_s, recom
 MIN_GAIN = 0.05
 MIN_DRAFTS = 200.0
 MIN_BATCH_SAMPLES = 30
+# Under a k schedule, a position's acceptance needs this many drafts that reached it.
+MIN_POSITION_DRAFTS = 50.0
+# A scrape interval whose drafted tokens per draft is this close to a whole k ran at that k.
+WHOLE_K = 0.05
+
+
+def per_position_at_k_in_effect(
+    intervals: Iterable[Delta], ks: set[int]
+) -> tuple[list[float], list[float]]:
+    """Per-position acceptance where a k schedule lowered k: each scrape interval that ran one
+    of the schedule's `ks` (drafted tokens per draft within WHOLE_K of it) counts its drafts for
+    the positions below that k only; intervals that mixed ks are left out (a mix that averages
+    to another of the schedule's ks, k 4 and 2 read as 3, is not told apart). Returns the rates
+    of the positions with MIN_POSITION_DRAFTS or more (up to the first without), and the drafts
+    that reached each position."""
+    accepted: list[float] = []
+    reached: list[float] = []
+    for delta in intervals:
+        if delta.drafts <= 0 or not delta.accepted_per_pos:
+            continue
+        k_in_effect = delta.draft_tokens / delta.drafts
+        k = round(k_in_effect)
+        if k not in ks or k < 1 or abs(k_in_effect - k) > WHOLE_K:
+            continue
+        for i in range(min(k, len(delta.accepted_per_pos))):
+            if i == len(reached):
+                accepted.append(0.0)
+                reached.append(0.0)
+            accepted[i] += delta.accepted_per_pos[i]
+            reached[i] += delta.drafts
+    rates = []
+    for hits, drafts in zip(accepted, reached, strict=True):
+        if drafts < MIN_POSITION_DRAFTS:
+            break
+        rates.append(hits / drafts)
+    return rates, reached
 
 
 class RunningBatchSamples:
@@ -49,6 +87,11 @@ class Evidence(BaseModel):
     batch_samples: dict[int, int] = Field(description="scrapes seen at each running batch size")
     step_cost: StepCostModel | None
     measured_on: str = Field(description="the sampling and workload the step cost came from")
+    position_drafts: list[float] | None = Field(
+        default=None,
+        description="where a schedule lowered k: the drafts that reached each position, from "
+        "the scrape intervals that ran one k (per_position_at_k_in_effect)",
+    )
 
 
 class Recommendation(BaseModel):
@@ -80,8 +123,10 @@ def recommend(
     window: str,
     measured_on: str = "",
     running_schedule: Schedule | None = None,
+    position_drafts: list[float] | None = None,
 ) -> Recommendation:
-    """`running_schedule`: the engine's k schedule, if it runs one (else its largest k)."""
+    """`running_schedule`: the engine's k schedule, if it runs one (else its largest k);
+    `position_drafts`: where per_position came from the intervals at each k in effect."""
     running: Schedule = running_schedule or ((1, OPEN_END, largest_k),)
     evidence = Evidence(
         window=window,
@@ -90,6 +135,7 @@ def recommend(
         batch_samples=batch_samples,
         step_cost=step_cost,
         measured_on=measured_on,
+        position_drafts=position_drafts,
     )
 
     def none(reason: str) -> Recommendation:
@@ -109,9 +155,17 @@ def recommend(
     if drafts < MIN_DRAFTS:
         return none(f"{drafts:.0f} drafts in the {window} window; waiting for {MIN_DRAFTS:.0f}")
     if len(per_position) < largest_k:
+        known = len(per_position)
+        reached = (
+            f" (position {known + 1} was reached by "
+            f"{position_drafts[known] if len(position_drafts) > known else 0:.0f} drafts of the "
+            f"scrape intervals that ran one k; {MIN_POSITION_DRAFTS:.0f} needed)"
+            if position_drafts is not None
+            else ""
+        )
         return none(
             f"per-position acceptance is known up to position {len(per_position)} of "
-            f"{largest_k}: a schedule lowered k in the {window} window"
+            f"{largest_k}: a schedule lowered k in the {window} window{reached}"
         )
     samples = sum(batch_samples.values())
     if samples < MIN_BATCH_SAMPLES:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dflash_sidecar import recommendation as rec
+from dflash_sidecar.acceptance_window import Delta
 from dflash_sidecar.engine_monitor import EngineMonitor
 from dflash_sidecar.recommendation import RunningBatchSamples, recommend
 from dflash_sidecar.step_cost import StepCostModel
@@ -158,11 +159,17 @@ class Counters:
 
     def __init__(self) -> None:
         self.drafts = 0.0
+        self.draft_tokens = 0.0
         self.accepted = [0.0] * 4
 
-    def advance(self, drafts: float, per_position: list[float]) -> None:
+    def advance(self, drafts: float, per_position: list[float], k: int = 4) -> None:
+        """`drafts` drafts of k tokens: positions from k on are not drafted."""
         self.drafts += drafts
-        self.accepted = [a + drafts * p for a, p in zip(self.accepted, per_position, strict=True)]
+        self.draft_tokens += drafts * k
+        self.accepted = [
+            a + (drafts * p if i < k else 0.0)
+            for i, (a, p) in enumerate(zip(self.accepted, per_position, strict=True))
+        ]
 
     def exposition(self, running: int) -> str:
         labels = 'engine="0",model_name="m"'
@@ -172,7 +179,7 @@ class Counters:
             f"vllm:num_requests_waiting{{{labels}}} 0",
             f"vllm:generation_tokens_total{{{labels}}} {self.drafts + accepted}",
             f"vllm:spec_decode_num_drafts_total{{{labels}}} {self.drafts}",
-            f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {self.drafts * 4}",
+            f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {self.draft_tokens}",
             f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}",
             *(
                 f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {a}'
@@ -190,11 +197,12 @@ def traffic(
     running: int,
     per_position: list[float],
     every: int = 1,
+    k: int = 4,
 ) -> float:
-    """`seconds` of scrapes, one `every` seconds, at this running batch and acceptance (20
-    drafts a second)."""
+    """`seconds` of scrapes, one `every` seconds, at this running batch, acceptance and k in
+    effect (20 drafts a second)."""
     for t in range(0, seconds + 1, every):
-        counters.advance(20.0 * every, per_position)
+        counters.advance(20.0 * every, per_position, k)
         monitor.ingest(counters.exposition(running), start + t)
     return start + seconds
 
@@ -365,3 +373,64 @@ def test_the_chart_and_the_local_stack_hand_the_schedule_to_the_sidecar(tmp_path
     sidecar = next(c for c in stack._components(config) if c.name.startswith("sidecar"))
     argv = sidecar.argv
     assert argv[argv.index("--speculative-schedule") + 1] == "[[1, 2, 4], [3, 65536, 1]]"
+
+
+def schedule_monitor(tmp_path: Path) -> EngineMonitor:
+    """A sidecar whose engine runs the schedule 1-1:4,2-:2, windows of 60 s and 5 min."""
+    path = tmp_path / "baseline.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
+        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
+    }))  # fmt: skip
+    settings = fast_settings(
+        baseline_file=str(path),
+        speculative_tokens=4,
+        speculative_schedule="[[1, 1, 4], [2, 65536, 2]]",
+        windows={"1m": 60.0, "5m": 300.0},
+    )
+    return EngineMonitor(settings)
+
+
+def test_under_a_schedule_each_position_counts_the_scrapes_that_reached_it(tmp_path: Path) -> None:
+    """A minute alone at k 4, a minute at 8 running and k 2: positions 0-1 from both, 2-3 from
+    the k 4 scrapes only, each at its true rate (vLLM's per-position lines past the k in effect
+    stay still); the advice is available for the schedule that runs."""
+    monitor = schedule_monitor(tmp_path)
+    counters = Counters()
+    now = traffic(monitor, counters, 1000, 60, 1, GOOD, k=4)
+    now = traffic(monitor, counters, now + 1, 60, 8, GOOD, k=2)
+    advice = monitor.recommendation(now)
+    assert advice.available, advice.reason
+    assert advice.evidence.per_position_acceptance == pytest.approx(GOOD)
+    reached = advice.evidence.position_drafts
+    assert reached is not None and reached[0] == reached[1] > 2 * reached[2] > 0
+    assert advice.running == "1-1:4,2-:2"
+
+
+def test_under_a_schedule_a_position_never_reached_is_said(tmp_path: Path) -> None:
+    monitor = schedule_monitor(tmp_path)
+    now = traffic(monitor, Counters(), 1000, 90, 8, GOOD, k=2)
+    advice = monitor.recommendation(now)
+    assert not advice.available
+    assert advice.reason.endswith(
+        "known up to position 2 of 4: a schedule lowered k in the 5m window (position 3 was "
+        "reached by 0 drafts of the scrape intervals that ran one k; 50 needed)"
+    ), advice.reason
+
+
+def test_scrapes_that_mixed_ks_are_left_out() -> None:
+    def interval(drafts: float, k_tokens: float, accepted: list[float]) -> Delta:
+        return Delta(
+            seconds=1, drafts=drafts, draft_tokens=k_tokens, accepted=sum(accepted),
+            accepted_per_pos=tuple(accepted), generation_tokens=0, pos_drafts=drafts,
+        )  # fmt: skip
+
+    at_4 = [interval(20, 80, [18, 16, 14, 12])] * 3
+    at_2 = [interval(40, 80, [36, 32, 0, 0])] * 2
+    mixed = interval(20, 50, [18, 16, 5, 4])  # k 2.5 in effect: dropped
+    three = interval(20, 60, [18, 16, 14, 0])  # k 3 is not one of the schedule's: dropped
+    rates, reached = rec.per_position_at_k_in_effect([*at_4, *at_2, mixed, three], {4, 2})
+    assert reached == [140, 140, 60, 60]
+    assert rates == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    few, _ = rec.per_position_at_k_in_effect(at_4[:2] + at_2, {4, 2})  # 40 drafts reached 2
+    assert few == pytest.approx([0.9, 0.8])
