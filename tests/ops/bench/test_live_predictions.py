@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import pytest
 from dflash_ops.bench.core.levels import Level
+from dflash_ops.bench.core.results import RunningBatch
 from dflash_ops.bench.sweep import live_predictions
 from dflash_ops.bench.sweep.deployers import Setting
 from dflash_ops.bench.sweep.live_predictions import LevelPrediction, compare, record_level, table
@@ -226,6 +227,8 @@ def test_each_prediction_is_set_against_the_static_setting_at_its_k() -> None:
             level(1, 58, 1, 18, [0.8, 0.6, 0.4, 0.3]), level(16, 180, 4, 90, [0.8, 0.6, 0.4, 0.3])
         ),
     }
+    # k 4 alone ran 0.9 requests on average: the step cost fed that and the measured acceptance.
+    results[K4].levels[0].running_batch = RunningBatch(mean=0.9, p50=1, p90=1, max=1, samples=30)
     low = answer([0.8, 0.6, 0.4, 0.3], {1: 60})
     short = {"available": False, "reason": "12 drafts in the 1m window"}
     kept = {
@@ -242,11 +245,16 @@ def test_each_prediction_is_set_against_the_static_setting_at_its_k() -> None:
         assert row.measured_tokens_per_s == measured
         assert row.error == pytest.approx(by_k[str(row.k)] / measured - 1)
     assert comparison.largest_error == max(abs(r.error) for r in comparison.rows)
+    own = 0.9 * 3.1 / MODEL.step_seconds(0.9, 4)  # mean acceptance length 1 + 2.1
+    assert [r.from_sweep_error for r in comparison.rows] == [
+        None, None, pytest.approx(own / 58.0 - 1),
+    ]  # fmt: skip
     assert comparison.notes == ["concurrency 16: no prediction (12 drafts in the 1m window)"]
     assert comparison.measured_on == "greedy; w"
     text = table(comparison)
     assert f"Largest error {comparison.largest_error:.1%}." in text
     assert "| concurrency 1 | 4 |" in text and "- concurrency 16: no prediction" in text
+    assert f"| {own / 58.0 - 1:+.1%} |" in text and "| n/a |" in text
 
 
 def test_a_level_shorter_than_the_window_gives_no_figure() -> None:

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from dflash_sidecar.step_cost import StepCostModel
 from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.results import BenchResult, LevelResult
@@ -51,6 +52,12 @@ class LivePrediction(BaseModel):
     measured_tokens_per_s: float
     measured_stdev: float
     error: float = Field(description="predicted over measured, minus 1")
+    from_sweep_error: float | None = Field(
+        default=None,
+        description="the same step cost from the static setting's own measured running batch "
+        "and acceptance (bench step-cost's prediction), over measured, minus 1: the part of the "
+        "error that is the step cost's, not the live reading's",
+    )
 
 
 class LiveComparison(BaseModel):
@@ -146,8 +153,11 @@ def compare(
             )
             continue
         evidence = answer.get("evidence")
+        model = None
         if isinstance(evidence, dict):
             measured_on = str(evidence.get("measured_on", ""))
+            if isinstance(evidence.get("step_cost"), dict):
+                model = StepCostModel.model_validate(evidence["step_cost"])
         for k_text, predicted in sorted(by_k.items(), key=lambda item: int(item[0])):
             k = int(k_text)
             result = static.get(k)
@@ -157,6 +167,8 @@ def compare(
             if level is None:
                 continue
             measured = level.output_tokens_per_s
+            if measured.mean <= 0:
+                continue
             rows.append(
                 LivePrediction(
                     level=label,
@@ -164,10 +176,23 @@ def compare(
                     predicted_tokens_per_s=float(predicted),
                     measured_tokens_per_s=measured.mean,
                     measured_stdev=measured.stdev,
-                    error=float(predicted) / measured.mean - 1 if measured.mean > 0 else 0.0,
+                    error=float(predicted) / measured.mean - 1,
+                    from_sweep_error=from_own_figures(model, level, k),
                 )
             )
     return LiveComparison(watched=watched.key, rows=rows, notes=notes, measured_on=measured_on)
+
+
+def from_own_figures(model: StepCostModel | None, level: LevelResult, k: int) -> float | None:
+    """The step cost's prediction from the level's own running batch and acceptance, over
+    what the level measured, minus 1 (None without a model, a batch or an acceptance)."""
+    spec = level.spec_decode
+    tau = 1.0 if k == 0 else (spec.mean_acceptance_length if spec else None)
+    batch = level.running_batch.mean if level.running_batch else None
+    if model is None or not batch or not tau:
+        return None
+    predicted = batch * tau / model.step_seconds(batch, k)
+    return predicted / level.output_tokens_per_s.mean - 1
 
 
 def table(comparison: LiveComparison) -> str:
@@ -176,13 +201,19 @@ def table(comparison: LiveComparison) -> str:
         "window at the end of each level, step cost "
         f"{comparison.measured_on or 'from the earlier sweep'}) against the measurement:",
         "",
-        "| level | k | predicted tok/s | measured tok/s | error |",
-        "|---|---:|---:|---:|---:|",
+        "| level | k | predicted tok/s | measured tok/s | error | the step cost from the "
+        "sweep's own figures |",
+        "|---|---:|---:|---:|---:|---:|",
         *(
             f"| {r.level} | {r.k} | {r.predicted_tokens_per_s:.1f} | "
-            f"{r.measured_tokens_per_s:.1f} ± {r.measured_stdev:.1f} | {r.error:+.1%} |"
+            f"{r.measured_tokens_per_s:.1f} ± {r.measured_stdev:.1f} | {r.error:+.1%} | "
+            f"{'n/a' if r.from_sweep_error is None else f'{r.from_sweep_error:+.1%}'} |"
             for r in comparison.rows
         ),
+        "",
+        "(The last column is the same step cost fed the static setting's own measured running "
+        "batch and acceptance, as bench step-cost does: where it errs as much as the live "
+        "prediction, the error is the step cost's, not the live reading's.)",
         "",
     ]
     if comparison.largest_error is not None:
