@@ -206,7 +206,14 @@ def recommend(
         recommended=recommended,
         reason=(
             f"predicted {gain:+.1%} over {short_form(running)} at the batch sizes the {window} "
-            f"window ran" + ("" if recommended else f": below the {MIN_GAIN:.0%} a change needs")
+            f"window ran"
+            + ("" if recommended else f": below the {MIN_GAIN:.0%} a change needs")
+            + (
+                "; off's throughput is the step cost's alone (a speculating engine never runs "
+                "it, so no live figure checks it): verify with bench sweep before turning it off"
+                if ranges == off
+                else ""
+            )
         ),
         running=short_form(running),
         schedule=text,

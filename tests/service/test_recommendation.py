@@ -64,6 +64,11 @@ def test_poor_acceptance_recommends_off_with_its_chart_values() -> None:
     advice = advise(per_position=[0.05, 0.0, 0.0, 0.0], batch_samples={8: 50})
     assert advice.schedule == "1-:0" and advice.recommended
     assert advice.chart_values == {"speculative": {"method": "off"}}
+    assert advice.reason.endswith(
+        "off's throughput is the step cost's alone (a speculating engine never runs it, so no "
+        "live figure checks it): verify with bench sweep before turning it off"
+    )
+    assert "step cost's alone" not in advise().reason  # k 4 is what runs: seen live
     assert advice.predicted_gain is not None and advice.predicted_gain > rec.MIN_GAIN
     assert advice.predicted_tokens_per_s is not None
     assert advice.predicted_tokens_per_s["recommended"] > advice.predicted_tokens_per_s["running"]
