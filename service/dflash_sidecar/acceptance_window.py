@@ -313,13 +313,18 @@ class AcceptanceWindow:
         self.widest = max(self.widest, len(snapshot.accepted_per_pos))
         return restart
 
-    def intervals(self, seconds: float, now: float, stale_after: float) -> list[Delta]:
-        """The increase between each two consecutive snapshots in the window (a scrape interval
-        each), where both have the same per-position lines; none when the window is stale."""
+    def _fresh(self, seconds: float, now: float, stale_after: float) -> list[Snapshot]:
+        """The snapshots of [now - seconds, now], oldest first; none when the newest is older
+        than `stale_after` seconds."""
         latest = self.latest
         if latest is None or now - latest.at > stale_after:
             return []
-        in_window = [s for s in self._snapshots if s.at >= now - seconds]
+        return [s for s in self._snapshots if s.at >= now - seconds]
+
+    def intervals(self, seconds: float, now: float, stale_after: float) -> list[Delta]:
+        """The increase between each two consecutive snapshots in the window (a scrape interval
+        each), where both have the same per-position lines; none when the window is stale."""
+        in_window = self._fresh(seconds, now, stale_after)
         return [
             Delta.between(old, new)
             for old, new in pairwise(in_window)
@@ -329,13 +334,10 @@ class AcceptanceWindow:
     def delta(self, seconds: float, now: float, stale_after: float) -> Delta | None:
         """Increase over the window [now - seconds, now], if the window holds two snapshots and
         the newest is not older than `stale_after` seconds."""
-        latest = self.latest
-        if latest is None or now - latest.at > stale_after:
-            return None
-        start = now - seconds
-        in_window = [s for s in self._snapshots if s.at >= start]
+        in_window = self._fresh(seconds, now, stale_after)
         if len(in_window) < 2:
             return None
+        latest = in_window[-1]
         width = len(latest.accepted_per_pos)
         # Per-position figures from the oldest snapshot with as many lines as the newest: a
         # page that missed them for a while shortens their span instead of blanking them.

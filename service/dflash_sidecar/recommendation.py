@@ -177,18 +177,18 @@ def recommend(
     # still runs (vLLM's draft_model path keeps its KV cache; measured 19% slower than off on
     # the paying pair, docs/choosing-k.md), which the step-cost model does not price. Off is
     # recommended whole, where it beats every schedule.
+    by_k = {
+        k: expected_tokens_per_s(step_cost, ((1, OPEN_END, k),), per_position, batch_samples)
+        for k in range(largest_k + 1)
+    }
     ranges = recommended_ranges(
         step_cost, per_position, range(1, largest_k + 1), max(batch_samples)
     )
     ours = expected_tokens_per_s(step_cost, ranges, per_position, batch_samples)
     off: Schedule = ((1, OPEN_END, 0),)
-    if (without := expected_tokens_per_s(step_cost, off, per_position, batch_samples)) > ours:
-        ranges, ours = off, without
+    if by_k[0] > ours:
+        ranges, ours = off, by_k[0]
     theirs = expected_tokens_per_s(step_cost, running, per_position, batch_samples)
-    by_k = {
-        k: expected_tokens_per_s(step_cost, ((1, OPEN_END, k),), per_position, batch_samples)
-        for k in range(largest_k + 1)
-    }
     gain = ours / theirs - 1 if theirs > 0 else 0.0
     text = short_form(ranges)
     static = len(ranges) == 1

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from dflash_ops.bench.core.results import BenchResult, LevelResult
 from dflash_ops.bench.core.run_directory import save_json
+from dflash_ops.bench.sweep.step_cost_fit import predictions, step_point
 from dflash_ops.speculative_schedule import Schedule, parse_schedule
 from dflash_ops.speculative_setting import SpeculativeSetting
 from dflash_ops.vocabulary import MAX_K
@@ -186,13 +187,10 @@ def compare(
 def from_own_figures(model: StepCostModel | None, level: LevelResult, k: int) -> float | None:
     """The step cost's prediction from the level's own running batch and acceptance, over
     what the level measured, minus 1 (None without a model, a batch or an acceptance)."""
-    spec = level.spec_decode
-    tau = 1.0 if k == 0 else (spec.mean_acceptance_length if spec else None)
-    batch = level.running_batch.mean if level.running_batch else None
-    if model is None or not batch or not tau:
+    point = step_point(k, level)
+    if model is None or point is None:
         return None
-    predicted = batch * tau / model.step_seconds(batch, k)
-    return predicted / level.output_tokens_per_s.mean - 1
+    return predictions(model, [point])[0].error
 
 
 def table(comparison: LiveComparison) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from dflash_sidecar.step_cost import StepCostModel
 
-from dflash_ops.bench.core.results import BenchResult
-from dflash_ops.bench.sweep.deployers import Setting
+from dflash_ops.bench.core.results import BenchResult, LevelResult
 from dflash_ops.errors import UserError
+from dflash_ops.speculative_setting import SpeculativeSetting
 
 
 @dataclass(frozen=True)
@@ -37,20 +37,27 @@ class StepPoint:
         return [1.0, self.batch, self.batch * self.k, 1.0 if self.k > 0 else 0.0]
 
 
-def step_points(results: dict[Setting, BenchResult]) -> list[StepPoint]:
+def step_points(results: dict[SpeculativeSetting, BenchResult]) -> list[StepPoint]:
     """Every static setting's levels with a running batch and a throughput; k 0 has tau 1."""
-    points = []
-    for setting, result in results.items():
-        if setting.schedule is not None:
-            continue  # a schedule's steps run several k: no one k to fit
-        for level in result.levels:
-            batch = level.running_batch.mean if level.running_batch else None
-            tps = level.output_tokens_per_s.mean
-            spec = level.spec_decode
-            tau = 1.0 if setting.k == 0 else (spec.mean_acceptance_length if spec else None)
-            if batch and batch > 0 and tps > 0 and tau:
-                points.append(StepPoint(batch, setting.k, tau, tps))
-    return points
+    return [
+        point
+        for setting, result in results.items()
+        if setting.schedule is None  # a schedule's steps run several k: no one k to fit
+        for level in result.levels
+        if (point := step_point(setting.k, level)) is not None
+    ]
+
+
+def step_point(k: int, level: LevelResult) -> StepPoint | None:
+    """One static setting's level as a measurement (k 0 has tau 1), or None without a running
+    batch, a throughput or an acceptance."""
+    batch = level.running_batch.mean if level.running_batch else None
+    tps = level.output_tokens_per_s.mean
+    spec = level.spec_decode
+    tau = 1.0 if k == 0 else (spec.mean_acceptance_length if spec else None)
+    if batch and batch > 0 and tps > 0 and tau:
+        return StepPoint(batch, k, tau, tps)
+    return None
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
