@@ -49,6 +49,7 @@ from dflash_sidecar.models import (
 from dflash_sidecar.recommendation import (
     Recommendation,
     RunningBatchSamples,
+    busy_tokens_per_s,
     per_position_at_k_in_effect,
     recommend,
 )
@@ -462,6 +463,9 @@ class EngineMonitor:
                 ),
                 {k for _, _, k in running},
             )
+        busy = busy_tokens_per_s(
+            series.intervals(seconds, now, self._stale_after()) for series in self.windows.values()
+        )
         return recommend(
             baseline.step_cost if baseline else None,
             per_position,
@@ -472,6 +476,7 @@ class EngineMonitor:
             f"{baseline.sampling}; {baseline.workload}" if baseline else "",
             self._running_schedule,
             reached,
+            busy,
         )
 
     def stats(self, now: float | None = None) -> StatsResponse:

@@ -66,6 +66,15 @@ class SidecarCollector(Collector):
         for name, value in (advice.predicted_tokens_per_s or {}).items():
             tokens.add_metric([name], value)
         yield tokens
+        if advice.evidence.step_cost_scale is not None:
+            scale = GaugeMetricFamily(
+                "dflash_schedule_step_cost_scale",
+                "The engine's output tokens/s while generating over the step cost's prediction "
+                "for the running schedule (the predictions are scaled by it; far from 1: the "
+                "sweep measured another machine or traffic).",
+            )
+            scale.add_metric([], advice.evidence.step_cost_scale)
+            yield scale
         ks = GaugeMetricFamily(
             "dflash_schedule_recommended_k",
             "The recommended k for running batch sizes first..last (last 65536: open).",

@@ -3,6 +3,13 @@
 how long the engine ran each batch size. Served at GET /recommendation and exported as
 `dflash_schedule_*` series.
 
+The step cost comes from a sweep, run on another day, perhaps on another node or with other
+sampling; the window says how fast the engine really ran: its output tokens/s while it generated,
+against the step cost's prediction for the running schedule at the same batch sizes and
+acceptance. Every prediction is scaled by that ratio (the step cost then speaks for the minutes
+the traffic ran; the gain, a ratio, is unchanged), and the advice says when the ratio is far
+from 1 (the sweep measured another machine or traffic: refit).
+
 It says which figures it used, over which window, and why it recommends nothing when it cannot:
 no step-cost model, too few drafts or batch samples, or per-position acceptance measured below
 the largest k (a schedule lowered k in the window: only position 0 is then known).
@@ -11,7 +18,7 @@ the largest k (a schedule lowered k in the window: only position 0 is then known
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +34,23 @@ MIN_BATCH_SAMPLES = 30
 MIN_POSITION_DRAFTS = 50.0
 # A scrape interval whose drafted tokens per draft is this close to a whole k ran at that k.
 WHOLE_K = 0.05
+# The engine running this much faster or slower than the step cost predicts for the running
+# schedule says its sweep measured another machine, load or sampling: the advice says to refit.
+STEP_COST_DRIFT = 0.25
+
+
+def busy_tokens_per_s(intervals_by_series: Iterable[Sequence[Delta]]) -> tuple[float | None, int]:
+    """The engine's output tokens/s while it generated: for each series, the generation tokens
+    of its scrape intervals that generated any, over those intervals' seconds; summed over the
+    series (engines run side by side). With the number of such intervals (of the series that
+    had the most); None when no interval generated."""
+    rate, most = 0.0, 0
+    for intervals in intervals_by_series:
+        busy = [d for d in intervals if d.generation_tokens > 0 and d.seconds > 0]
+        if busy:
+            rate += sum(d.generation_tokens for d in busy) / sum(d.seconds for d in busy)
+            most = max(most, len(busy))
+    return (rate if most else None), most
 
 
 def per_position_at_k_in_effect(
@@ -92,6 +116,17 @@ class Evidence(BaseModel):
         description="where a schedule lowered k: the drafts that reached each position, from "
         "the scrape intervals that ran one k (per_position_at_k_in_effect)",
     )
+    measured_tokens_per_s: float | None = Field(
+        default=None,
+        description="output tokens/s over the window's scrape intervals that generated "
+        "(busy_tokens_per_s)",
+    )
+    step_cost_scale: float | None = Field(
+        default=None,
+        description="measured_tokens_per_s over the step cost's prediction for the running "
+        "schedule: every predicted tokens/s is multiplied by it (None: too few busy intervals, "
+        "predictions unscaled)",
+    )
 
 
 class Recommendation(BaseModel):
@@ -124,9 +159,12 @@ def recommend(
     measured_on: str = "",
     running_schedule: Schedule | None = None,
     position_drafts: list[float] | None = None,
+    busy: tuple[float | None, int] = (None, 0),
 ) -> Recommendation:
     """`running_schedule`: the engine's k schedule, if it runs one (else its largest k);
-    `position_drafts`: where per_position came from the intervals at each k in effect."""
+    `position_drafts`: where per_position came from the intervals at each k in effect;
+    `busy`: the window's busy_tokens_per_s, which scales the predictions when it has
+    MIN_BATCH_SAMPLES intervals or more."""
     running: Schedule = running_schedule or ((1, OPEN_END, largest_k),)
     evidence = Evidence(
         window=window,
@@ -190,6 +228,15 @@ def recommend(
         ranges, ours = off, by_k[0]
     theirs = expected_tokens_per_s(step_cost, running, per_position, batch_samples)
     gain = ours / theirs - 1 if theirs > 0 else 0.0
+    measured, busy_intervals = busy
+    scale = None
+    if measured is not None and busy_intervals >= MIN_BATCH_SAMPLES and theirs > 0:
+        scale = measured / theirs
+        by_k = {k: v * scale for k, v in by_k.items()}
+        ours, theirs = ours * scale, theirs * scale
+    evidence = evidence.model_copy(
+        update={"measured_tokens_per_s": measured, "step_cost_scale": scale}
+    )
     text = short_form(ranges)
     static = len(ranges) == 1
     speculative: dict[str, object] = (
@@ -212,6 +259,14 @@ def recommend(
                 "; off's throughput is the step cost's alone (a speculating engine never runs "
                 "it, so no live figure checks it): verify with bench sweep before turning it off"
                 if ranges == off
+                else ""
+            )
+            + (
+                f"; the engine ran at {scale:.2f}x the step cost's prediction for "
+                f"{short_form(running)} (every prediction is scaled to it): the sweep it came "
+                f"from measured another machine, load or sampling ({measured_on or 'unsaid'}); "
+                "refit it with bench sweep on this traffic"
+                if scale is not None and abs(scale - 1) > STEP_COST_DRIFT
                 else ""
             )
         ),

@@ -35,6 +35,18 @@ def advise(**overrides: object) -> rec.Recommendation:
     return recommend(**args)  # type: ignore[arg-type]
 
 
+def baseline_file(tmp_path: Path, **extra: object) -> str:
+    """A baseline at k 4 with GOOD acceptance and MODEL's step cost, as bench sweep writes it."""
+    baseline = {
+        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
+        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
+        **extra,
+    }  # fmt: skip
+    path = tmp_path / "baseline.yaml"
+    path.write_text(yaml.safe_dump(baseline))
+    return str(path)
+
+
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
@@ -132,14 +144,10 @@ def test_every_static_k_is_predicted_at_the_window_batches() -> None:
 def test_a_shorter_window_reads_only_its_own_traffic(tmp_path: Path) -> None:
     """recommendation(window=...) (GET /recommendation?window=): the batch sizes and acceptance
     of that window alone, where the longest still holds the earlier traffic too."""
-    path = tmp_path / "baseline.yaml"
-    path.write_text(yaml.safe_dump({
-        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
-        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
-    }))  # fmt: skip
+    path = baseline_file(tmp_path)
     windows = {"40s": 40.0, "1m": 60.0, "5m": 300.0}
     monitor = EngineMonitor(
-        fast_settings(baseline_file=str(path), speculative_tokens=4, windows=windows)
+        fast_settings(baseline_file=path, speculative_tokens=4, windows=windows)
     )
     counters = Counters()
     now = traffic(monitor, counters, 1000, 120, 1, GOOD)
@@ -216,14 +224,8 @@ def test_the_recommendation_moves_with_the_traffic(tmp_path: Path) -> None:
     """Through the monitor (GET /recommendation's source), windows of 60 s: good acceptance at
     batch 1 keeps k 4; the draft going bad turns speculation off once the window holds the new
     traffic; a large running batch gives a schedule that drafts less as the batch grows."""
-    baseline = {
-        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
-        "per_position_acceptance": GOOD, "sampling": "temperature 1", "workload": "w",
-        "step_cost": MODEL.model_dump(),
-    }  # fmt: skip
-    path = tmp_path / "baseline.yaml"
-    path.write_text(yaml.safe_dump(baseline))
-    settings = fast_settings(baseline_file=str(path), speculative_tokens=4, windows={"1m": 60.0})
+    path = baseline_file(tmp_path, sampling="temperature 1", workload="w")
+    settings = fast_settings(baseline_file=path, speculative_tokens=4, windows={"1m": 60.0})
     monitor = EngineMonitor(settings)
     counters = Counters()
     now = traffic(monitor, counters, 1000, 60, 1, GOOD)
@@ -279,15 +281,10 @@ def test_served_and_exported(
     assert "dflash_schedule_predicted_gain" not in body
     list(text_string_to_metric_families(body))
     # Available: a monitor fed the traffic above.
-    baseline = {
-        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
-        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
-    }  # fmt: skip
-    path = tmp_path / "baseline.yaml"
-    path.write_text(yaml.safe_dump(baseline))
+    path = baseline_file(tmp_path)
     fed = EngineMonitor(
         fast_settings(
-            baseline_file=str(path),
+            baseline_file=path,
             speculative_tokens=4,
             windows={"1m": 60.0},
             scrape_interval=10.0,  # as the traffic below scrapes
@@ -311,6 +308,12 @@ def test_served_and_exported(
     assert ks[("1", "31")] == 4.0 and ks[("139", "65536")] == 1.0
     tokens = families["dflash_schedule_predicted_tokens_per_second"].samples
     assert {x.labels["schedule"] for x in tokens} == {"running", "recommended"}
+    # Scaled to the engine's busy throughput: the running schedule is predicted at what it ran.
+    scale = families["dflash_schedule_step_cost_scale"].samples[0].value
+    evidence = fed.recommendation().evidence
+    assert scale == pytest.approx(evidence.step_cost_scale)
+    running = next(x.value for x in tokens if x.labels["schedule"] == "running")
+    assert running == pytest.approx(evidence.measured_tokens_per_s)
 
 
 def test_the_gain_is_over_the_schedule_that_runs() -> None:
@@ -382,13 +385,9 @@ def test_the_chart_and_the_local_stack_hand_the_schedule_to_the_sidecar(tmp_path
 
 def schedule_monitor(tmp_path: Path) -> EngineMonitor:
     """A sidecar whose engine runs the schedule 1-1:4,2-:2, windows of 60 s and 5 min."""
-    path = tmp_path / "baseline.yaml"
-    path.write_text(yaml.safe_dump({
-        "model": "m", "num_speculative_tokens": 4, "mean_acceptance_length": 4.0,
-        "per_position_acceptance": GOOD, "sampling": "s", "step_cost": MODEL.model_dump(),
-    }))  # fmt: skip
+    path = baseline_file(tmp_path)
     settings = fast_settings(
-        baseline_file=str(path),
+        baseline_file=path,
         speculative_tokens=4,
         speculative_schedule="[[1, 1, 4], [2, 65536, 2]]",
         windows={"1m": 60.0, "5m": 300.0},
@@ -439,3 +438,79 @@ def test_scrapes_that_mixed_ks_are_left_out() -> None:
     assert rates == pytest.approx([0.9, 0.8, 0.7, 0.6])
     few, _ = rec.per_position_at_k_in_effect(at_4[:2] + at_2, {4, 2})  # 40 drafts reached 2
     assert few == pytest.approx([0.9, 0.8])
+
+
+def interval(seconds: float, tokens: float) -> Delta:
+    return Delta(
+        seconds=seconds, drafts=tokens / 4, draft_tokens=tokens, accepted=0.0,
+        accepted_per_pos=(), generation_tokens=tokens,
+    )  # fmt: skip
+
+
+def test_busy_throughput_leaves_idle_scrapes_out_and_sums_engines() -> None:
+    one = [interval(1.0, 50.0), interval(1.0, 0.0), interval(2.0, 150.0)]
+    other = [interval(1.0, 20.0)]
+    assert rec.busy_tokens_per_s([one]) == (pytest.approx(200 / 3), 2)
+    assert rec.busy_tokens_per_s([one, other]) == (pytest.approx(200 / 3 + 20), 2)
+    assert rec.busy_tokens_per_s([[interval(1.0, 0.0)], []]) == (None, 0)
+
+
+def test_predictions_are_scaled_to_what_the_engine_ran() -> None:
+    """The running schedule is predicted at the engine's measured busy throughput and every
+    other prediction by the same factor: the gain and the schedule do not move."""
+    plain = advise(batch_samples={200: 40})
+    assert plain.predicted_tokens_per_s is not None and plain.predicted_tokens_per_s_by_k
+    predicted = plain.predicted_tokens_per_s["running"]
+    scaled = advise(batch_samples={200: 40}, busy=(0.9 * predicted, rec.MIN_BATCH_SAMPLES))
+    assert scaled.evidence.step_cost_scale == pytest.approx(0.9)
+    assert scaled.evidence.measured_tokens_per_s == pytest.approx(0.9 * predicted)
+    assert scaled.predicted_tokens_per_s == pytest.approx(
+        {name: 0.9 * v for name, v in plain.predicted_tokens_per_s.items()}
+    )
+    assert scaled.predicted_tokens_per_s_by_k == pytest.approx(
+        {k: 0.9 * v for k, v in plain.predicted_tokens_per_s_by_k.items()}
+    )
+    assert scaled.predicted_gain == pytest.approx(plain.predicted_gain)
+    assert scaled.schedule == plain.schedule and "refit" not in scaled.reason
+    # Too few busy intervals: no scale, the step cost's own figures.
+    few = advise(batch_samples={200: 40}, busy=(0.9 * predicted, rec.MIN_BATCH_SAMPLES - 1))
+    assert few.evidence.step_cost_scale is None
+    assert few.evidence.measured_tokens_per_s == pytest.approx(0.9 * predicted)
+    assert few.predicted_tokens_per_s == plain.predicted_tokens_per_s
+
+
+@pytest.mark.parametrize(
+    ("scale", "says"),
+    [(0.74, "0.74x"), (0.76, None), (1.24, None), (1.26, "1.26x")],
+)
+def test_a_step_cost_far_from_the_engine_says_to_refit(scale: float, says: str | None) -> None:
+    predicted = advise().predicted_tokens_per_s
+    assert predicted is not None
+    advice = advise(
+        busy=(scale * predicted["running"], rec.MIN_BATCH_SAMPLES), measured_on="temperature 0"
+    )
+    if says is None:
+        assert "refit" not in advice.reason
+    else:
+        assert f"ran at {says} the step cost's prediction for 1-:4" in advice.reason
+        assert "(temperature 0); refit it with bench sweep on this traffic" in advice.reason
+
+
+def test_the_monitor_scales_to_the_busy_scrapes_of_its_window(tmp_path: Path) -> None:
+    """Through the monitor: 80 output tokens a second while generating (20 drafts, 3 accepted
+    each), however long the engine sat idle in the window."""
+    path = baseline_file(tmp_path)
+    settings = fast_settings(
+        baseline_file=path, speculative_tokens=4, windows={"2m": 120.0}, verdict_window="2m"
+    )
+    monitor = EngineMonitor(settings)
+    counters = Counters()
+    now = traffic(monitor, counters, 1000, 40, 1, GOOD)
+    for t in range(1, 41):  # idle: nothing running, no counter moves
+        monitor.ingest(counters.exposition(0), now + t)
+    advice = monitor.recommendation(now + 40)
+    assert advice.evidence.measured_tokens_per_s == pytest.approx(20 * (1 + sum(GOOD)))
+    expected = MODEL.tokens_per_s(1, 4, GOOD)
+    assert advice.evidence.step_cost_scale == pytest.approx(80 / expected)
+    assert advice.predicted_tokens_per_s is not None
+    assert advice.predicted_tokens_per_s["running"] == pytest.approx(80)

@@ -88,9 +88,11 @@ def test_the_flag_is_checked_before_any_setting_runs(
     assert not (tmp_path / "stack" / "state.json").exists()
 
 
-def answer(per_position: list[float], batch: dict[int, int]) -> dict[str, object]:
+def answer(
+    per_position: list[float], batch: dict[int, int], busy: tuple[float | None, int] = (None, 0)
+) -> dict[str, object]:
     """What GET /recommendation?window=1m answers, from the sidecar's own code."""
-    advice = recommend(MODEL, per_position, 1000.0, 4, batch, "1m", "greedy; w")
+    advice = recommend(MODEL, per_position, 1000.0, 4, batch, "1m", "greedy; w", busy=busy)
     return advice.model_dump(mode="json")
 
 
@@ -229,7 +231,7 @@ def test_each_prediction_is_set_against_the_static_setting_at_its_k() -> None:
     }
     # k 4 alone ran 0.9 requests on average: the step cost fed that and the measured acceptance.
     results[K4].levels[0].running_batch = RunningBatch(mean=0.9, p50=1, p90=1, max=1, samples=30)
-    low = answer([0.8, 0.6, 0.4, 0.3], {1: 60})
+    low = answer([0.8, 0.6, 0.4, 0.3], {1: 60}, busy=(60.0, 60))
     short = {"available": False, "reason": "12 drafts in the 1m window"}
     kept = {
         "concurrency 1": kept_level("concurrency 1", 64, low),
@@ -255,6 +257,14 @@ def test_each_prediction_is_set_against_the_static_setting_at_its_k() -> None:
     assert f"Largest error {comparison.largest_error:.1%}." in text
     assert "| concurrency 1 | 4 |" in text and "- concurrency 16: no prediction" in text
     assert f"| {own / 58.0 - 1:+.1%} |" in text and "| n/a |" in text
+    # The sidecar scaled its predictions to the 60 tok/s its engine ran (k 4 predicted there).
+    evidence = low["evidence"]
+    assert isinstance(evidence, dict)
+    scale = evidence["step_cost_scale"]
+    assert isinstance(scale, float) and scale != pytest.approx(1.0)
+    assert by_k["4"] == pytest.approx(60.0)
+    assert [r.step_cost_scale for r in comparison.rows] == [scale] * 3
+    assert f"| {scale:.2f}x |" in text
 
 
 def test_a_level_shorter_than_the_window_gives_no_figure() -> None:

@@ -59,6 +59,11 @@ class LivePrediction(BaseModel):
         "and acceptance (bench step-cost's prediction), over measured, minus 1: the part of the "
         "error that is the step cost's, not the live reading's",
     )
+    step_cost_scale: float | None = Field(
+        default=None,
+        description="what the sidecar scaled the step cost by at that level: the engine's busy "
+        "output tokens/s over the step cost's prediction for what ran (None: unscaled)",
+    )
 
 
 class LiveComparison(BaseModel):
@@ -154,11 +159,13 @@ def compare(
             )
             continue
         evidence = answer.get("evidence")
-        model = None
+        model, scale = None, None
         if isinstance(evidence, dict):
             measured_on = str(evidence.get("measured_on", ""))
             if isinstance(evidence.get("step_cost"), dict):
                 model = StepCostModel.model_validate(evidence["step_cost"])
+            if isinstance(evidence.get("step_cost_scale"), int | float):
+                scale = float(evidence["step_cost_scale"])
         for k_text, predicted in sorted(by_k.items(), key=lambda item: int(item[0])):
             k = int(k_text)
             result = static.get(k)
@@ -179,6 +186,7 @@ def compare(
                     measured_stdev=measured.stdev,
                     error=float(predicted) / measured.mean - 1,
                     from_sweep_error=from_own_figures(model, level, k),
+                    step_cost_scale=scale,
                 )
             )
     return LiveComparison(watched=watched.key, rows=rows, notes=notes, measured_on=measured_on)
@@ -200,18 +208,21 @@ def table(comparison: LiveComparison) -> str:
         f"{comparison.measured_on or 'from the earlier sweep'}) against the measurement:",
         "",
         "| level | k | predicted tok/s | measured tok/s | error | the step cost from the "
-        "sweep's own figures |",
-        "|---|---:|---:|---:|---:|---:|",
+        "sweep's own figures | step cost scaled by |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {r.level} | {r.k} | {r.predicted_tokens_per_s:.1f} | "
             f"{r.measured_tokens_per_s:.1f} ± {r.measured_stdev:.1f} | {r.error:+.1%} | "
-            f"{'n/a' if r.from_sweep_error is None else f'{r.from_sweep_error:+.1%}'} |"
+            f"{'n/a' if r.from_sweep_error is None else f'{r.from_sweep_error:+.1%}'} | "
+            f"{'n/a' if r.step_cost_scale is None else f'{r.step_cost_scale:.2f}x'} |"
             for r in comparison.rows
         ),
         "",
-        "(The last column is the same step cost fed the static setting's own measured running "
-        "batch and acceptance, as bench step-cost does: where it errs as much as the live "
-        "prediction, the error is the step cost's, not the live reading's.)",
+        "(The sixth column is the same step cost, unscaled, fed the static setting's own "
+        "measured running batch and acceptance, as bench step-cost does: where it errs as much "
+        "as the live prediction, the error is the step cost's, not the live reading's. The last "
+        "is what the sidecar scaled every prediction by: the watched engine's busy output "
+        "tokens/s over the step cost's prediction for it.)",
         "",
     ]
     if comparison.largest_error is not None:
