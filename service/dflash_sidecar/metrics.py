@@ -18,6 +18,7 @@ from dflash_sidecar.engine_monitor import ERROR_KINDS, EngineMonitor
 from dflash_sidecar.engine_state import EngineState
 from dflash_sidecar.log_limiter import LogLimiter
 from dflash_sidecar.models import WindowStats
+from dflash_sidecar.recommendation import STEP_COST_DRIFT
 from dflash_sidecar.verdict import VERDICT_CODES, Verdict
 
 log = logging.getLogger("dflash_sidecar")
@@ -66,15 +67,15 @@ class SidecarCollector(Collector):
         for name, value in (advice.predicted_tokens_per_s or {}).items():
             tokens.add_metric([name], value)
         yield tokens
-        if advice.evidence.step_cost_scale is not None:
-            scale = GaugeMetricFamily(
-                "dflash_schedule_step_cost_scale",
+        if advice.evidence.step_cost_ratio is not None:
+            ratio = GaugeMetricFamily(
+                "dflash_schedule_step_cost_ratio",
                 "The engine's output tokens/s while generating over the step cost's prediction "
-                "for the running schedule (the predictions are scaled by it; far from 1: the "
-                "sweep measured another machine or traffic).",
+                f"for the running schedule (beyond 1 +/- {STEP_COST_DRIFT} the step cost has "
+                "drifted: the predictions are scaled by it; refit with bench sweep).",
             )
-            scale.add_metric([], advice.evidence.step_cost_scale)
-            yield scale
+            ratio.add_metric([], advice.evidence.step_cost_ratio)
+            yield ratio
         ks = GaugeMetricFamily(
             "dflash_schedule_recommended_k",
             "The recommended k for running batch sizes first..last (last 65536: open).",

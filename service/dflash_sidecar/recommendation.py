@@ -4,11 +4,12 @@ how long the engine ran each batch size. Served at GET /recommendation and expor
 `dflash_schedule_*` series.
 
 The step cost comes from a sweep, run on another day, perhaps on another node or with other
-sampling; the window says how fast the engine really ran: its output tokens/s while it generated,
-against the step cost's prediction for the running schedule at the same batch sizes and
-acceptance. Every prediction is scaled by that ratio (the step cost then speaks for the minutes
-the traffic ran; the gain, a ratio, is unchanged), and the advice says when the ratio is far
-from 1 (the sweep measured another machine or traffic: refit).
+prompts; the window says how fast the engine really ran: its output tokens/s while it generated,
+over the step cost's prediction for the running schedule at the same batch sizes and acceptance
+(the step cost's ratio). Within STEP_COST_DRIFT of 1 that is the step cost's own run-to-run
+variation and the predictions stay the step cost's; beyond it the step cost has drifted
+(another machine, day or traffic), every prediction is scaled by the ratio, so that it speaks for
+the minutes the traffic ran, and the advice says to refit. The gain, a ratio, never moves.
 
 It says which figures it used, over which window, and why it recommends nothing when it cannot:
 no step-cost model, too few drafts or batch samples, or per-position acceptance measured below
@@ -34,8 +35,12 @@ MIN_BATCH_SAMPLES = 30
 MIN_POSITION_DRAFTS = 50.0
 # A scrape interval whose drafted tokens per draft is this close to a whole k ran at that k.
 WHOLE_K = 0.05
-# The engine running this much faster or slower than the step cost predicts for the running
-# schedule says its sweep measured another machine, load or sampling: the advice says to refit.
+# The engine's measured speed over the step cost's prediction for what runs, beyond which the step
+# cost has drifted: the predictions are scaled to the engine and the advice says to refit. Within
+# it, the step cost's own run-to-run variation: on the paying CPU pair (2026-12-08) one engine
+# start ran at 0.88x to 1.17x of a step cost fitted minutes earlier, and scaling by it moved
+# every other k's error by as much (docs/choosing-k.md); a step cost fitted on the morning ran
+# 31-39% high that evening. Where engine starts vary less (GPUs), a smaller drift is real.
 STEP_COST_DRIFT = 0.25
 
 
@@ -121,11 +126,15 @@ class Evidence(BaseModel):
         description="output tokens/s over the window's scrape intervals that generated "
         "(busy_tokens_per_s)",
     )
-    step_cost_scale: float | None = Field(
+    step_cost_ratio: float | None = Field(
         default=None,
         description="measured_tokens_per_s over the step cost's prediction for the running "
-        "schedule: every predicted tokens/s is multiplied by it (None: too few busy intervals, "
-        "predictions unscaled)",
+        "schedule (None: too few busy intervals)",
+    )
+    scaled: bool = Field(
+        default=False,
+        description=f"the ratio is beyond 1 +/- {STEP_COST_DRIFT}: every predicted tokens/s "
+        "is multiplied by it",
     )
 
 
@@ -163,8 +172,8 @@ def recommend(
 ) -> Recommendation:
     """`running_schedule`: the engine's k schedule, if it runs one (else its largest k);
     `position_drafts`: where per_position came from the intervals at each k in effect;
-    `busy`: the window's busy_tokens_per_s, which scales the predictions when it has
-    MIN_BATCH_SAMPLES intervals or more."""
+    `busy`: the window's busy_tokens_per_s, against which the step cost is judged (and the
+    predictions scaled, beyond STEP_COST_DRIFT) when it has MIN_BATCH_SAMPLES intervals."""
     running: Schedule = running_schedule or ((1, OPEN_END, largest_k),)
     evidence = Evidence(
         window=window,
@@ -229,13 +238,15 @@ def recommend(
     theirs = expected_tokens_per_s(step_cost, running, per_position, batch_samples)
     gain = ours / theirs - 1 if theirs > 0 else 0.0
     measured, busy_intervals = busy
-    scale = None
+    ratio = None
     if measured is not None and busy_intervals >= MIN_BATCH_SAMPLES and theirs > 0:
-        scale = measured / theirs
-        by_k = {k: v * scale for k, v in by_k.items()}
-        ours, theirs = ours * scale, theirs * scale
+        ratio = measured / theirs
+    drifted = ratio is not None and abs(ratio - 1) > STEP_COST_DRIFT
+    if ratio is not None and drifted:
+        by_k = {k: v * ratio for k, v in by_k.items()}
+        ours, theirs = ours * ratio, theirs * ratio
     evidence = evidence.model_copy(
-        update={"measured_tokens_per_s": measured, "step_cost_scale": scale}
+        update={"measured_tokens_per_s": measured, "step_cost_ratio": ratio, "scaled": drifted}
     )
     text = short_form(ranges)
     static = len(ranges) == 1
@@ -262,11 +273,11 @@ def recommend(
                 else ""
             )
             + (
-                f"; the engine ran at {scale:.2f}x the step cost's prediction for "
+                f"; the engine ran at {ratio:.2f}x the step cost's prediction for "
                 f"{short_form(running)} (every prediction is scaled to it): the sweep it came "
                 f"from measured another machine, load or sampling ({measured_on or 'unsaid'}); "
                 "refit it with bench sweep on this traffic"
-                if scale is not None and abs(scale - 1) > STEP_COST_DRIFT
+                if ratio is not None and drifted
                 else ""
             )
         ),

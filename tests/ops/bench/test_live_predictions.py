@@ -257,14 +257,18 @@ def test_each_prediction_is_set_against_the_static_setting_at_its_k() -> None:
     assert f"Largest error {comparison.largest_error:.1%}." in text
     assert "| concurrency 1 | 4 |" in text and "- concurrency 16: no prediction" in text
     assert f"| {own / 58.0 - 1:+.1%} |" in text and "| n/a |" in text
-    # The sidecar scaled its predictions to the 60 tok/s its engine ran (k 4 predicted there).
+    # The engine ran 60 tok/s, far from what the step cost predicts for k 4 alone: the sidecar
+    # scaled its predictions to it, and the table says so beside the unscaled error.
     evidence = low["evidence"]
-    assert isinstance(evidence, dict)
-    scale = evidence["step_cost_scale"]
-    assert isinstance(scale, float) and scale != pytest.approx(1.0)
+    assert isinstance(evidence, dict) and evidence["scaled"] is True
+    ratio = evidence["step_cost_ratio"]
+    assert isinstance(ratio, float) and abs(ratio - 1) > 0.25
     assert by_k["4"] == pytest.approx(60.0)
-    assert [r.step_cost_scale for r in comparison.rows] == [scale] * 3
-    assert f"| {scale:.2f}x |" in text
+    assert [r.step_cost_ratio for r in comparison.rows] == [ratio] * 3
+    assert f"| {ratio:.2f}x, scaled |" in text
+    k4 = comparison.rows[-1]
+    assert k4.unscaled_error == pytest.approx(by_k["4"] / ratio / 58.0 - 1)
+    assert f"| {k4.unscaled_error:+.1%} |" in text
 
 
 def test_a_level_shorter_than_the_window_gives_no_figure() -> None:

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from dflash_sidecar.recommendation import STEP_COST_DRIFT
 from dflash_sidecar.step_cost import StepCostModel
 from pydantic import BaseModel, Field
 
@@ -59,11 +60,21 @@ class LivePrediction(BaseModel):
         "and acceptance (bench step-cost's prediction), over measured, minus 1: the part of the "
         "error that is the step cost's, not the live reading's",
     )
-    step_cost_scale: float | None = Field(
+    step_cost_ratio: float | None = Field(
         default=None,
-        description="what the sidecar scaled the step cost by at that level: the engine's busy "
-        "output tokens/s over the step cost's prediction for what ran (None: unscaled)",
+        description="the watched engine's busy output tokens/s over the step cost's prediction "
+        "for it at that level (None: too few busy scrapes)",
     )
+    scaled: bool = Field(
+        default=False, description="the sidecar scaled its predictions by the ratio (drift)"
+    )
+
+    @property
+    def unscaled_error(self) -> float:
+        """The error of the step cost's own prediction from the live figures, before any scale."""
+        if self.scaled and self.step_cost_ratio:
+            return (self.error + 1) / self.step_cost_ratio - 1
+        return self.error
 
 
 class LiveComparison(BaseModel):
@@ -159,13 +170,14 @@ def compare(
             )
             continue
         evidence = answer.get("evidence")
-        model, scale = None, None
+        model, ratio, scaled = None, None, False
         if isinstance(evidence, dict):
             measured_on = str(evidence.get("measured_on", ""))
             if isinstance(evidence.get("step_cost"), dict):
                 model = StepCostModel.model_validate(evidence["step_cost"])
-            if isinstance(evidence.get("step_cost_scale"), int | float):
-                scale = float(evidence["step_cost_scale"])
+            if isinstance(evidence.get("step_cost_ratio"), int | float):
+                ratio = float(evidence["step_cost_ratio"])
+            scaled = evidence.get("scaled") is True
         for k_text, predicted in sorted(by_k.items(), key=lambda item: int(item[0])):
             k = int(k_text)
             result = static.get(k)
@@ -186,7 +198,8 @@ def compare(
                     measured_stdev=measured.stdev,
                     error=float(predicted) / measured.mean - 1,
                     from_sweep_error=from_own_figures(model, level, k),
-                    step_cost_scale=scale,
+                    step_cost_ratio=ratio,
+                    scaled=scaled,
                 )
             )
     return LiveComparison(watched=watched.key, rows=rows, notes=notes, measured_on=measured_on)
@@ -201,6 +214,16 @@ def from_own_figures(model: StepCostModel | None, level: LevelResult, k: int) ->
     return predictions(model, [point])[0].error
 
 
+def _percent(error: float | None) -> str:
+    return "n/a" if error is None else f"{error:+.1%}"
+
+
+def _ratio(row: LivePrediction) -> str:
+    if row.step_cost_ratio is None:
+        return "n/a"
+    return f"{row.step_cost_ratio:.2f}x" + (", scaled" if row.scaled else "")
+
+
 def table(comparison: LiveComparison) -> str:
     lines = [
         f"The sidecar's live prediction (the {comparison.watched} setting's sidecar, its {WINDOW} "
@@ -208,21 +231,22 @@ def table(comparison: LiveComparison) -> str:
         f"{comparison.measured_on or 'from the earlier sweep'}) against the measurement:",
         "",
         "| level | k | predicted tok/s | measured tok/s | error | the step cost from the "
-        "sweep's own figures | step cost scaled by |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "sweep's own figures | engine over step cost | the step cost alone |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {r.level} | {r.k} | {r.predicted_tokens_per_s:.1f} | "
             f"{r.measured_tokens_per_s:.1f} ± {r.measured_stdev:.1f} | {r.error:+.1%} | "
-            f"{'n/a' if r.from_sweep_error is None else f'{r.from_sweep_error:+.1%}'} | "
-            f"{'n/a' if r.step_cost_scale is None else f'{r.step_cost_scale:.2f}x'} |"
+            f"{_percent(r.from_sweep_error)} | {_ratio(r)} | {r.unscaled_error:+.1%} |"
             for r in comparison.rows
         ),
         "",
-        "(The sixth column is the same step cost, unscaled, fed the static setting's own "
-        "measured running batch and acceptance, as bench step-cost does: where it errs as much "
-        "as the live prediction, the error is the step cost's, not the live reading's. The last "
-        "is what the sidecar scaled every prediction by: the watched engine's busy output "
-        "tokens/s over the step cost's prediction for it.)",
+        "(The sixth column is the same step cost fed the static setting's own measured running "
+        "batch and acceptance, as bench step-cost does: where it errs as much as the live "
+        "prediction, the error is the step cost's, not the live reading's. The seventh is the "
+        "watched engine's busy output tokens/s over the step cost's prediction for it: beyond "
+        f"1 +/- {STEP_COST_DRIFT} the sidecar takes the step cost as drifted and scales every "
+        "prediction by "
+        'it ("scaled"); the last is the live prediction\'s error before any scale.)',
         "",
     ]
     if comparison.largest_error is not None:
