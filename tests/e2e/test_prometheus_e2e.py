@@ -241,7 +241,11 @@ def prometheus_under_load(
     engine = router.url
     recorded = [name for name, _ in rules if name.startswith("dflash:")]
     # The schedule panels' series: exported once the sidecar has a recommendation.
-    recorded += ["dflash_schedule_predicted_gain", "dflash_schedule_recommended_k"]
+    recorded += [
+        "dflash_schedule_predicted_gain",
+        "dflash_schedule_recommended_k",
+        "dflash_schedule_step_cost_ratio",
+    ]
 
     async def load(minimum: float, deadline: float) -> list[str]:
         endpoint = Endpoint(engine)

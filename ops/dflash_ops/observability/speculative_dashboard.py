@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflash_sidecar.recommendation import STEP_COST_DRIFT
 from dflash_sidecar.vllm_metrics import (
     ACCEPTED,
     ACCEPTED_PER_POS,
@@ -270,4 +271,25 @@ def schedule_panels(b: Board) -> None:
         ],
         width=8,
         defaults={"min": 0},
+    )
+    b.panel(
+        "k schedule: engine over its step cost",
+        "The engine's output tokens/s while generating over what the step cost predicts for the "
+        "running schedule at the same batch sizes and acceptance. Within 0.75-1.25: the step "
+        "cost's own run-to-run variation. Outside (orange), the step cost has drifted (another "
+        "machine, day or traffic than its sweep): the predictions above are scaled to the engine; "
+        "refit with bench sweep on this traffic.",
+        "none",
+        [(f"max by (pod) (dflash_schedule_step_cost_ratio{{{POD_SEL}}})", "{{pod}}")],
+        width=8,
+        defaults={
+            "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                    {"color": "orange", "value": None},
+                    {"color": "green", "value": 1 - STEP_COST_DRIFT},
+                    {"color": "orange", "value": 1 + STEP_COST_DRIFT},
+                ],
+            }
+        },
     )
