@@ -297,7 +297,11 @@ def test_a_schedule_within_the_spread_everywhere_is_recommended_and_rendered(
     assert verdict.levels[0].ahead_of == ["off", "dflash-k2"]
     assert verdict.levels[2].ahead_of == ["dflash-k2", "dflash-k4"]
     assert verdict.never_ahead_of == []
-    assert "Ahead of every static setting beyond the spread" in table(analysis)
+    text = table(analysis)
+    assert "Ahead of every static setting beyond the spread" in text
+    # The report says what its ± is: the repeats of one engine start, not between starts.
+    assert "(± is the spread of the repeats within one engine start per setting" in text
+    assert text.index("| level | recommended |") < text.index("(± is the spread")
     # The static recommendation leaves the schedule out.
     assert all("schedule" not in r.recommended for r in analysis.recommendations)
     path = tmp_path / "values.yaml"

@@ -140,6 +140,15 @@ def fastest_of(points: list[PointFigures]) -> PointFigures:
     return max(points, key=lambda p: (p.output_tokens_per_s, -p.k))
 
 
+# What the spread is, and what it is not (choosing-k.md: on a shared 2-core CPU machine, one
+# setting's figure moved 1.1-1.45x between engine starts within 45 minutes, each start's repeats
+# within 1-3%).
+SPREAD_NOTE = (
+    "(± is the spread of the repeats within one engine start per setting, not between starts, "
+    "which can differ by more: a pick decided within a few percent is worth a second sweep.)"
+)
+
+
 def within_spread(point: PointFigures, best: PointFigures) -> bool:
     """`point`'s mean + stdev reaches `best`'s mean - stdev: the two cannot be told apart."""
     return (
@@ -427,6 +436,7 @@ def table(analysis: SweepAnalysis) -> str:
             f"| {r.level} | **{r.recommended}** | {r.fastest} | {r.lowest_tpot_p99 or 'n/a'} | "
             f"{', '.join(r.within_spread)} |"
         )
+    lines += ["", SPREAD_NOTE]
     lines += schedule_table(analysis)
     if analysis.predictions:
         lines += [
