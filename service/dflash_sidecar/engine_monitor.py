@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import httpx
 
@@ -452,22 +453,24 @@ class EngineMonitor:
         seconds = self.settings.windows[name]
         baseline = self.settings.baseline
         largest_k = self.settings.speculative_tokens or 0
+        step_cost = baseline.step_cost if baseline else None
         per_position, reached = stats.per_position_acceptance, None
-        if 0 < len(per_position) < largest_k:  # a schedule lowered k: count each k's scrapes
+        lowered = 0 < len(per_position) < largest_k  # a schedule lowered k in the window
+        # Each series' scrape intervals, built once, only where something reads them: the
+        # per-position count under a schedule, and the busy throughput the step cost is judged by.
+        stale_after = self._stale_after()
+        intervals = (
+            [series.intervals(seconds, now, stale_after) for series in self.windows.values()]
+            if lowered or step_cost is not None
+            else []
+        )
+        if lowered:  # count each k's scrapes
             running = self._running_schedule or ((1, 1, largest_k),)
             per_position, reached = per_position_at_k_in_effect(
-                (
-                    interval
-                    for series in self.windows.values()
-                    for interval in series.intervals(seconds, now, self._stale_after())
-                ),
-                {k for _, _, k in running},
+                chain.from_iterable(intervals), {k for _, _, k in running}
             )
-        busy = busy_tokens_per_s(
-            series.intervals(seconds, now, self._stale_after()) for series in self.windows.values()
-        )
         return recommend(
-            baseline.step_cost if baseline else None,
+            step_cost,
             per_position,
             stats.drafts,
             largest_k,
@@ -476,7 +479,7 @@ class EngineMonitor:
             f"{baseline.sampling}; {baseline.workload}" if baseline else "",
             self._running_schedule,
             reached,
-            busy,
+            busy_tokens_per_s(intervals),
         )
 
     def stats(self, now: float | None = None) -> StatsResponse:
